@@ -1,0 +1,339 @@
+"""DPU targets: the single source of every hardware constant (spec §2-§3).
+
+A `Target` is built from a registered preset name (B512…B4096), from a 64-bit fingerprint (decoded per
+spec §3.2), from an arch.json file in either Vitis AI form, or from parameters (`Target.parametric`).
+Every other module reads bank ids, widths, depths and parallelism from here and never re-derives them.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+
+DPU_TYPE_DPUCZDX8G = 1
+ISA_VERSION = 1
+TYPE_NAMES = {1: "DPUCZDX8G", 2: "DPUCAHX8H", 3: "DPUCAHX8L", 4: "DPUCZDI4G", 5: "DPUCVDX8H",
+              6: "DPUCVDX8G", 7: "DPUCADF8H", 8: "IPU_PHX", 9: "DPUCV2DX8G"}
+
+# ARCH index (feature_code bits 3..0) -> (PP, CP), spec §3.2.
+ARCH_TABLE = ((4, 8), (4, 10), (8, 8), (4, 12), (8, 10), (8, 12), (8, 14), (8, 16),
+              (4, 4), (2, 6), (2, 8), (2, 4))
+
+# ALU exec modes of ISA1 (spec §3.4 / §6.8); numbering equals ALUINIT exec_mode.
+ALU_TYPES = ("dwconv", "prelu", "avg_pool", "max_pool", "leaky_relu", "max_reduce",
+             "dwconv_no_bias", "hsigmoid", "w16b0")
+
+# Registered ISA1 presets (spec §3.3): name -> current fingerprint.
+PRESET_FINGERPRINTS = {
+    "DPUCZDX8G_ISA1_B512": 0x0101000056010200,
+    "DPUCZDX8G_ISA1_B800": 0x0101000056010201,
+    "DPUCZDX8G_ISA1_B1024": 0x0101000056010402,
+    "DPUCZDX8G_ISA1_B1152": 0x0101000056010203,
+    "DPUCZDX8G_ISA1_B1600": 0x0101000056010404,
+    "DPUCZDX8G_ISA1_B2304": 0x0101000056010405,
+    "DPUCZDX8G_ISA1_B3136": 0x0101000056010406,
+    "DPUCZDX8G_ISA1_B4096": 0x0101000056010407,
+}
+
+
+class TargetError(ValueError):
+    """An unknown target name, an undecodable fingerprint or an unusable arch.json."""
+
+
+def _bits(v: int, lsb: int, width: int) -> int:
+    return (v >> lsb) & ((1 << width) - 1)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One DPUCZDX8G ISA1 core configuration. Bank numbering follows spec §2.2."""
+
+    pp: int                      # conv pixel parallelism = bank_num of an image bank group
+    cp: int                      # channel parallelism (ICP = OCP) = bank width in bytes
+    alu_pp: int                  # ALU / eltwise pixel parallelism
+    bank_depth: int = 2048       # lines per bank
+    img_bg: int = 2              # image bank groups
+    ld_augm: bool = True         # LOAD channel augmentation
+    ld_mean: bool = False
+    cv_lkrl: bool = True         # CONV supports leaky ReLU
+    dw_lkrl: bool = False        # ALU dwconv supports leaky ReLU
+    argmax: bool = True          # SAVE argmax (feature bit 30)
+    cv_wp: int = 1
+    alu_wp: int = 1
+    name: str = ""
+    fingerprint: int | None = None
+    # Timing parameters (read by the cycle model; no functional effect).
+    timing: dict = field(default_factory=dict, compare=False, hash=False)
+
+    # ---- derived constants -------------------------------------------------------------------
+    @property
+    def icp(self) -> int:
+        return self.cp
+
+    @property
+    def ocp(self) -> int:
+        return self.cp
+
+    @property
+    def bank_width(self) -> int:
+        """Line width in bytes of every ISA1 bank (= CP)."""
+        return self.cp
+
+    @property
+    def peak_ops_per_cycle(self) -> int:
+        return 2 * self.pp * self.cp * self.cp
+
+    @property
+    def size_name(self) -> str:
+        return f"B{self.peak_ops_per_cycle}"
+
+    def img_base(self, g: int) -> int:
+        return g * self.pp
+
+    @property
+    def convw_base(self) -> int:
+        return self.img_bg * self.pp
+
+    @property
+    def dwconvw_bank(self) -> int:
+        return self.convw_base + self.ocp
+
+    @property
+    def bias_bank(self) -> int:
+        return self.dwconvw_bank + 1
+
+    @property
+    def num_banks(self) -> int:
+        return self.bias_bank + 1
+
+    @property
+    def num_img_banks(self) -> int:
+        return self.img_bg * self.pp
+
+    def is_img_bank(self, bank_id: int) -> bool:
+        return 0 <= bank_id < self.num_img_banks
+
+    def bank_group_of(self, bank_id: int) -> str:
+        if 0 <= bank_id < self.num_img_banks:
+            return f"VB{bank_id // self.pp}"
+        if self.convw_base <= bank_id < self.dwconvw_bank:
+            return "CONVW"
+        if bank_id == self.dwconvw_bank:
+            return "DWCONVW"
+        if bank_id == self.bias_bank:
+            return "BIAS"
+        raise TargetError(f"bank id {bank_id} is outside target {self.name} (0..{self.num_banks - 1})")
+
+    def bank_groups(self) -> list[dict]:
+        """Bank groups as in the target prototxt (name, type, base_id, bank_num, width, depth)."""
+        out = [dict(name=f"VB{g}", type="Virtual", base_id=g * self.pp, bank_num=self.pp,
+                    bank_width=self.cp, bank_depth=self.bank_depth) for g in range(self.img_bg)]
+        out.append(dict(name="CONVW", type="Param", base_id=self.convw_base, bank_num=self.ocp,
+                        bank_width=self.icp, bank_depth=self.bank_depth))
+        out.append(dict(name="DWCONVW", type="Param", base_id=self.dwconvw_bank, bank_num=1,
+                        bank_width=self.cp, bank_depth=self.bank_depth))
+        out.append(dict(name="BIAS", type="Param", base_id=self.bias_bank, bank_num=1,
+                        bank_width=self.cp, bank_depth=self.bank_depth))
+        return out
+
+    # ---- engine limits (spec §3.4) ----------------------------------------------------------
+    @property
+    def conv_nonlinear(self) -> tuple[int, ...]:
+        """act_type codes the CONV engine accepts (0 none, 1 relu, 3 leaky, 4 relu6)."""
+        return (0, 1, 3, 4) if self.cv_lkrl else (0, 1, 4)
+
+    @property
+    def alu_nonlinear(self) -> tuple[int, ...]:
+        return (0, 1, 3, 4) if self.dw_lkrl else (0, 1, 4)
+
+    @property
+    def alu_exec_modes(self) -> tuple[int, ...]:
+        return tuple(range(len(ALU_TYPES)))
+
+    @staticmethod
+    def _stride_out_limit(pp: int, wp: int) -> int:
+        return 4 if (wp == 1 or pp // wp >= 4) else pp // wp
+
+    @property
+    def conv_stride_out_h_max(self) -> int:
+        return self._stride_out_limit(self.pp, self.cv_wp)
+
+    @property
+    def alu_stride_out_h_max(self) -> int:
+        return self._stride_out_limit(self.pp, self.alu_wp)
+
+    conv_kernel_max = 16
+    conv_stride_max = 8
+    alu_kernel_max = 256
+    alu_stride_max = 256
+
+    # ---- fingerprint / feature code -------------------------------------------------------
+    @property
+    def arch_index(self) -> int | None:
+        try:
+            return ARCH_TABLE.index((self.pp, self.cp))
+        except ValueError:
+            return None
+
+    def encodable(self) -> bool:
+        """True if a fingerprint can describe this configuration (spec §3.2)."""
+        return (self.arch_index is not None and self.bank_depth == 2048 and 1 <= self.alu_pp <= 15
+                and 1 <= self.img_bg <= 3 and self.cv_wp in (1, 2, 4, 8) and self.alu_wp in (1, 2, 4, 8))
+
+    def feature_code(self) -> int:
+        if not self.encodable():
+            raise TargetError(f"target {self.name or self.describe()} cannot be described by a fingerprint "
+                              f"(needs (PP,CP) in the ARCH table, bank_depth 2048, ALU_PP 1..15, IMG_BG 1..3)")
+        fc = self.arch_index | (self.alu_pp << 8) | (0x01 << 16) | (self.img_bg << 24)
+        fc |= (self.ld_augm << 26) | (self.ld_mean << 27) | (self.cv_lkrl << 28) | (self.dw_lkrl << 29)
+        fc |= (self.argmax << 30)
+        fc |= (self.cv_wp.bit_length() - 1) << 32
+        fc |= (self.alu_wp.bit_length() - 1) << 34
+        return fc
+
+    def describe(self) -> str:
+        return f"PP{self.pp}_CP{self.cp}_ALUPP{self.alu_pp}_D{self.bank_depth}"
+
+    def to_dict(self) -> dict:
+        return dict(name=self.name, fingerprint=(f"0x{self.fingerprint:016X}" if self.fingerprint is not None
+                                                 else None),
+                    size=self.size_name, pixel_parallel=self.pp, channel_parallel=self.cp,
+                    alu_pixel_parallel=self.alu_pp, bank_depth=self.bank_depth, img_bank_groups=self.img_bg,
+                    num_banks=self.num_banks, peak_ops_per_cycle=self.peak_ops_per_cycle,
+                    ld_augm=self.ld_augm, cv_lkrl=self.cv_lkrl, dw_lkrl=self.dw_lkrl, argmax=self.argmax,
+                    bank_groups=self.bank_groups())
+
+    # ---- constructors ---------------------------------------------------------------------
+    @classmethod
+    def from_fingerprint(cls, fp: int | str) -> "Target":
+        """Registered fingerprint -> preset; other type-1/ISA-1 fingerprints decoded per spec §3.2."""
+        if isinstance(fp, str):
+            try:
+                fp = int(fp, 0)
+            except ValueError:
+                raise TargetError(f"fingerprint {fp!r} is not a number (expected e.g. '0x101000056010407')")
+        if not 0 <= fp < 1 << 64:
+            raise TargetError(f"fingerprint {fp:#x} does not fit in 64 bits")
+        for name, pfp in PRESET_FINGERPRINTS.items():
+            if pfp == fp:
+                return _preset(name)
+        typ, isa, fc = fp >> 56, _bits(fp, 48, 8), fp & ((1 << 48) - 1)
+        if typ != DPU_TYPE_DPUCZDX8G:
+            raise TargetError(f"fingerprint 0x{fp:016X}: DPU type {typ} ({TYPE_NAMES.get(typ, 'unknown')}) "
+                              f"is not DPUCZDX8G (type 1)")
+        if isa != ISA_VERSION:
+            raise TargetError(f"fingerprint 0x{fp:016X}: ISA version {isa} is not supported (only ISA1)")
+        t = cls(**_decode_feature_code(fp, fc), fingerprint=fp)
+        return replace(t, name=f"DPUCZDX8G_ISA1_{t.size_name}_{fp:016X}")
+
+    @classmethod
+    def parametric(cls, pp: int, cp: int, alu_pp: int | None = None, bank_depth: int = 2048, img_bg: int = 2,
+                   **features) -> "Target":
+        """A configuration from its parameters; fingerprint and name generated where encodable."""
+        if not 1 <= pp <= 8:
+            raise TargetError(f"pixel_parallel {pp} out of range 1..8 (valid_pixel_parallel is 3 bits)")
+        if not 1 <= cp <= 32:
+            raise TargetError(f"channel_parallel {cp} out of range 1..32")
+        if alu_pp is None:
+            alu_pp = max(1, pp // 2)
+        if not 1 <= alu_pp <= pp:
+            raise TargetError(f"alu_pixel_parallel {alu_pp} out of range 1..{pp}")
+        if not 1 <= img_bg <= 3:
+            raise TargetError(f"img_bank_groups {img_bg} out of range 1..3")
+        if bank_depth < 1 or bank_depth & (bank_depth - 1) or bank_depth > 16384:
+            raise TargetError(f"bank_depth {bank_depth} must be a power of two in 1..16384")
+        t = cls(pp=pp, cp=cp, alu_pp=alu_pp, bank_depth=bank_depth, img_bg=img_bg, **features)
+        if t.num_banks > 64:
+            raise TargetError(f"{t.num_banks} banks exceed the 64 that 6-bit bank ids can address")
+        if t.encodable():
+            fp = (DPU_TYPE_DPUCZDX8G << 56) | (ISA_VERSION << 48) | t.feature_code()
+            for name, pfp in PRESET_FINGERPRINTS.items():
+                if pfp == fp:
+                    return replace(t, name=name, fingerprint=fp)
+            return replace(t, name=f"DPUCZDX8G_ISA1_{t.size_name}_{fp:016X}", fingerprint=fp)
+        return replace(t, name=f"DPUCZDX8G_ISA1_{t.size_name}_{t.describe()}", fingerprint=None)
+
+    @classmethod
+    def from_name(cls, name: str) -> "Target":
+        """Preset name (also the short form 'B4096') or generated name with a fingerprint suffix."""
+        n = name.strip()
+        if n.upper().startswith("B") and n[1:].isdigit():
+            n = f"DPUCZDX8G_ISA1_{n.upper()}"
+        if n in PRESET_FINGERPRINTS:
+            return _preset(n)
+        tail = n.rsplit("_", 1)[-1]
+        if n.startswith("DPUCZDX8G_ISA1_") and len(tail) == 16:
+            try:
+                return cls.from_fingerprint(int(tail, 16))
+            except ValueError:
+                pass
+        raise TargetError(f"unknown target {name!r}; presets: {', '.join(PRESET_FINGERPRINTS)}")
+
+    @classmethod
+    def from_arch_json(cls, path: str) -> "Target":
+        """arch.json in either Vitis AI form: {"target": NAME} or {"fingerprint": "0x…"}."""
+        try:
+            with open(path) as f:
+                d = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise TargetError(f"cannot read arch.json {path}: {e}") from None
+        if not isinstance(d, dict):
+            raise TargetError(f"arch.json {path}: expected a JSON object")
+        if "target" in d:
+            return cls.from_name(str(d["target"]))
+        if "fingerprint" in d:
+            return cls.from_fingerprint(d["fingerprint"] if isinstance(d["fingerprint"], str)
+                                        else int(d["fingerprint"]))
+        raise TargetError(f"arch.json {path}: needs a 'target' or a 'fingerprint' key")
+
+    def write_arch_json(self, path: str, form: str = "fingerprint") -> None:
+        """Write arch.json; form 'target' (registered name) or 'fingerprint' (hex)."""
+        if form == "target":
+            if self.name not in PRESET_FINGERPRINTS:
+                raise TargetError(f"{self.name} is not a registered target; use the fingerprint form")
+            d = {"target": self.name}
+        elif form == "fingerprint":
+            if self.fingerprint is None:
+                raise TargetError(f"{self.name} has no fingerprint")
+            d = {"fingerprint": f"0x{self.fingerprint:X}"}
+        else:
+            raise TargetError(f"arch.json form {form!r}: use 'target' or 'fingerprint'")
+        with open(path, "w") as f:
+            json.dump(d, f)
+            f.write("\n")
+
+
+def _decode_feature_code(fp: int, fc: int) -> dict:
+    """Constructor arguments from an ISA1 feature code (spec §3.2)."""
+    arch = _bits(fc, 0, 4)
+    if arch >= len(ARCH_TABLE):
+        raise TargetError(f"fingerprint 0x{fp:016X}: ARCH index {arch} is invalid (0..{len(ARCH_TABLE) - 1})")
+    pp, cp = ARCH_TABLE[arch]
+    alu_pp, img_bg = _bits(fc, 8, 4), _bits(fc, 24, 2)
+    if alu_pp == 0 or img_bg == 0:
+        raise TargetError(f"fingerprint 0x{fp:016X}: ALU_PP {alu_pp} / IMG_BG {img_bg} must be non-zero")
+    return dict(pp=pp, cp=cp, alu_pp=alu_pp, img_bg=img_bg, ld_augm=bool(_bits(fc, 26, 1)),
+                ld_mean=bool(_bits(fc, 27, 1)), cv_lkrl=bool(_bits(fc, 28, 1)), dw_lkrl=bool(_bits(fc, 29, 1)),
+                argmax=bool(_bits(fc, 30, 1)), cv_wp=1 << _bits(fc, 32, 2), alu_wp=1 << _bits(fc, 34, 2))
+
+
+def _preset(name: str) -> Target:
+    fp = PRESET_FINGERPRINTS[name]
+    return Target(**_decode_feature_code(fp, fp & ((1 << 48) - 1)), name=name, fingerprint=fp)
+
+
+PRESETS = tuple(PRESET_FINGERPRINTS)
+
+
+def get_target(spec: "str | int | Target") -> Target:
+    """Resolve a CLI/runtime target spec: Target, preset name, fingerprint, or path to arch.json."""
+    if isinstance(spec, Target):
+        return spec
+    if isinstance(spec, int):
+        return Target.from_fingerprint(spec)
+    s = str(spec)
+    if s.endswith(".json") or os.path.isfile(s):
+        return Target.from_arch_json(s)
+    if s.lower().startswith("0x"):
+        return Target.from_fingerprint(s)
+    return Target.from_name(s)
