@@ -14,6 +14,21 @@ import numpy as np
 from .fields import BY_NAME, BY_OPCODE, FIELD_INDEX, FIELDS, MAX_FIELDS, TEXT_ORDER, OPS
 
 MNEMONICS = tuple(o.mnemonic for o in OPS)
+
+
+def _reserved_masks() -> dict[str, list[int]]:
+    """Per mnemonic and word, the bits no field occupies (reserved; must be 0, spec §1.3)."""
+    out = {}
+    for o in OPS:
+        used = [0] * o.words
+        used[0] = 0xFFF00000                      # opcode, dpdon, dpdby
+        for f in FIELDS[o.mnemonic]:
+            used[f.word] |= ((1 << f.width) - 1) << f.lsb
+        out[o.mnemonic] = [~u & 0xFFFFFFFF for u in used]
+    return out
+
+
+RESERVED = _reserved_masks()
 # Compact opcode index used by the array form: position of the mnemonic in OPS.
 OP_INDEX = {o.mnemonic: i for i, o in enumerate(OPS)}
 
@@ -101,6 +116,10 @@ def decode(mc: bytes | bytearray | memoryview | np.ndarray, require_end: bool = 
             raise IsaError(f"{info.mnemonic} needs {info.words} words but the stream ends after "
                            f"{n - pos} (truncated at byte {4 * n})", idx)
         ws = [int(x) for x in words[pos:pos + info.words]]
+        for k, (w, m) in enumerate(zip(ws, RESERVED[info.mnemonic])):
+            if w & m:
+                raise IsaError(f"{info.mnemonic} word {k} sets reserved bits 0x{w & m:08X} (reserved bits "
+                               f"must be 0)", idx)
         fl = {}
         for f in FIELDS[info.mnemonic]:
             fl[f.name] = ((ws[f.word] >> f.lsb) & ((1 << f.width) - 1)) + (1 if f.minus_one else 0)

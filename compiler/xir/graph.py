@@ -251,6 +251,7 @@ class Subgraph:
     attrs: Attrs = field(default_factory=Attrs)
     children: list["Subgraph"] = field(default_factory=list)
     parent: "Subgraph | None" = field(default=None, repr=False, compare=False)
+    graph: "Graph | None" = field(default=None, repr=False, compare=False)
 
     @property
     def device(self) -> str | None:
@@ -446,7 +447,13 @@ class Graph:
             return sg
 
         graph.root = conv(g.subg_root, None)
+        graph._link_subgraphs()
         return graph
+
+    def _link_subgraphs(self) -> None:
+        """Let every subgraph find its graph (VART's create_runner takes a subgraph alone)."""
+        for s in self.root.walk():
+            s.graph = self
 
     def to_proto(self) -> pb.Graph:
         g = pb.Graph()

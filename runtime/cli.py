@@ -1,0 +1,271 @@
+"""`opendpu` command line: run, check, disasm, xmodel, targets (xdputil-like)."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+
+class CliError(Exception):
+    pass
+
+
+def _load_graph(path: str):
+    from compiler.xir.graph import Graph
+    return Graph.load(path)
+
+
+def _sanitize(name: str) -> str:
+    """Layer/tensor name -> file stem, as the golden dumps of UG1414 ('/' -> '_')."""
+    return name.replace("/", "_")
+
+
+def _write_dump(dirname: str, name: str, arr: np.ndarray) -> str:
+    os.makedirs(dirname, exist_ok=True)
+    stem = os.path.join(dirname, _sanitize(name))
+    a = np.ascontiguousarray(arr)
+    a.tofile(stem + ".bin")
+    np.savetxt(stem + ".txt", a.reshape(-1), fmt="%d" if a.dtype.kind in "iu" else "%.8g")
+    return stem + ".bin"
+
+
+def _md5(arr: np.ndarray) -> str:
+    return hashlib.md5(np.ascontiguousarray(arr).tobytes()).hexdigest()
+
+
+def _find_golden(gdir: str, name: str) -> str | None:
+    stem = _sanitize(name)
+    for suffix in ("", "_aquant", "_int8", "_fix"):
+        p = os.path.join(gdir, stem + suffix + ".bin")
+        if os.path.isfile(p):
+            return p
+    return None
+
+
+# ---- run ------------------------------------------------------------------------------------------
+def cmd_run(a) -> int:
+    from runtime.runner import GraphRunner
+    g = _load_graph(a.model)
+    gr = GraphRunner(g, backend=a.backend, target=a.target)
+    specs = gr.get_inputs()
+    inputs = []
+    paths = a.input or []
+    if len(paths) == 1 and paths[0].endswith(".npz") and len(specs) >= 1:
+        z = np.load(paths[0])
+        for s in specs:
+            key = s.name if s.name in z else (s.op_name if s.op_name in z else None)
+            if key is None:
+                raise CliError(f"{paths[0]} has no array for input {s.name!r} (keys: {list(z.keys())})")
+            inputs.append(z[key])
+    else:
+        if len(paths) != len(specs):
+            raise CliError(f"{a.model} takes {len(specs)} input(s) {[s.name for s in specs]}; give one -i per input "
+                           f"(.npy or .bin) or one .npz with arrays named by tensor")
+        for s, p in zip(specs, paths):
+            if p.endswith(".bin"):
+                x = np.fromfile(p, dtype=s.np_dtype)
+            else:
+                try:
+                    x = np.load(p)
+                except (OSError, ValueError) as e:
+                    raise CliError(f"cannot read input {p}: {e}") from None
+            inputs.append(x)
+    t0 = time.perf_counter()
+    res = gr.run(inputs, keep_values=True, layers=bool(a.dump or a.golden))
+    dt = time.perf_counter() - t0
+    if a.output:
+        np.savez(a.output, **res.outputs)
+    print(f"ran {a.model} on backend {a.backend} in {dt * 1e3:.2f} ms")
+    for name, v in res.outputs.items():
+        flat = v.reshape(-1)
+        extra = f", argmax {int(np.argmax(flat))}" if flat.size <= 1000 else ""
+        print(f"  output {name}: shape {list(v.shape)} {v.dtype}{extra}")
+    rc = 0
+    if a.dump or a.golden:
+        layer_vals: dict[str, np.ndarray] = {}
+        for sgname, lv in res.layers.items():
+            for op_name, v in lv.items():
+                layer_vals[g.ops[op_name].output.name] = v
+        for sgname, outs in res.dpu_outputs.items():
+            layer_vals.update(outs)
+        if a.dump:
+            for name, v in layer_vals.items():
+                _write_dump(a.dump, name, v)
+            print(f"dumped {len(layer_vals)} tensors to {a.dump}")
+        if a.golden:
+            fails = 0
+            for name, v in layer_vals.items():
+                gp = _find_golden(a.golden, name)
+                if gp is None:
+                    continue
+                gold = np.fromfile(gp, dtype=np.int8)
+                ok = gold.size == v.size and np.array_equal(gold, v.astype(np.int8).reshape(-1))
+                status = "success !" if ok else "fail !"
+                fails += not ok
+                print(f"XLNX_GOLDEN_DIR: compare data {status}layer_name {name} dump_md5 {_md5(v)} "
+                      f"golden_md5 {_md5(gold)}")
+            rc = 1 if fails else 0
+    return rc
+
+
+# ---- check ----------------------------------------------------------------------------------------
+def cmd_check(a) -> int:
+    from runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from runtime.layers import run_tracked
+    g = _load_graph(a.model)
+    sgs = dpu_subgraphs(g)
+    if not sgs:
+        raise CliError(f"{a.model} has no DPU subgraph")
+    rng = np.random.default_rng(a.seed)
+    bad = 0
+    for sg in sgs:
+        dpu = DpuSubgraph(g, sg)
+        if a.target is not None:
+            from isa.target import get_target
+            t = get_target(a.target)
+            if t.fingerprint != dpu.fingerprint:
+                raise CliError(f"subgraph {sg.name}: compiled for {dpu.target.name}, not {t.name}")
+        machine = dpu.new_machine(seed=a.seed)
+        compared = mism = 0
+        first = None
+        t0 = time.perf_counter()
+        for k in range(a.n):
+            ins = [rng.integers(-128, 128, size=s.dims, dtype=np.int8) for s in dpu.inputs]
+            ref_out, ref_vals = dpu.run_ref(ins, keep=True)
+            sim_out, rep = run_tracked(dpu, machine, ins, ref_vals)
+            for r, s in zip(ref_out, sim_out):
+                compared += r.size
+                mism += int(np.count_nonzero(r.astype(np.int8) != s))
+            if first is None:
+                first = rep.first_mismatch()
+        dt = time.perf_counter() - t0
+        status = "PASS" if mism == 0 else "FAIL"
+        bad += mism != 0
+        print(f"{status} {sg.name}: target {dpu.target.name}, {len(dpu.instructions)} instructions, "
+              f"{a.n} inputs, {compared} bytes compared, {mism} mismatching"
+              + (f", first mismatching layer {first}" if first else "")
+              + f" ({dt:.2f} s)")
+    return 1 if bad else 0
+
+
+# ---- disasm / xmodel / targets -----------------------------------------------------------------------
+def cmd_disasm(a) -> int:
+    from runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from isa.program import to_text
+    g = _load_graph(a.model)
+    sgs = dpu_subgraphs(g)
+    if a.subgraph:
+        sgs = [s for s in sgs if s.name == a.subgraph]
+        if not sgs:
+            raise CliError(f"no DPU subgraph named {a.subgraph!r}")
+    out = sys.stdout
+    for sg in sgs:
+        dpu = DpuSubgraph(g, sg)
+        if len(sgs) > 1:
+            out.write(f"# subgraph {sg.name} ({dpu.target.name}, {len(dpu.instructions)} instructions)\n")
+        out.write(to_text(dpu.instructions))
+    return 0
+
+
+def cmd_xmodel(a) -> int:
+    from runtime.dpu import DpuSubgraph
+    g = _load_graph(a.model)
+    print(f"graph {g.name}: {len(g.ops)} ops, {len(g.root.children)} subgraphs")
+    for sg in g.toposort_child_subgraphs():
+        ops = g.toposort(sg.all_ops())
+        print(f"subgraph {sg.name}  device={sg.device}  ops={len(ops)}")
+        if sg.device == "DPU":
+            d = DpuSubgraph(g, sg)
+            print(f"  dpu_name={sg.get('dpu_name')} fingerprint=0x{d.fingerprint:016X} target={d.target.name}")
+            print(f"  instructions={len(d.instructions)} mc_code={len(d.mc_code)} B workload={sg.get('workload')}")
+            for r in sorted(d.reg_sizes):
+                print(f"  REG_{r}: {d.reg_context.get(r, '?'):10s} {d.reg_sizes[r]} B"
+                      + (f" (parameters {len(d.params[r])} B)" if r in d.params else ""))
+            for t in d.inputs:
+                print(f"  input  {t.name} {list(t.dims)} {t.dtype} fix_point={t.fix_point} REG_{t.reg_id}+{t.ddr_addr}")
+            for t in d.outputs:
+                print(f"  output {t.name} {list(t.dims)} {t.dtype} fix_point={t.fix_point} REG_{t.reg_id}+{t.ddr_addr}")
+        if a.verbose or sg.device != "DPU":
+            for n in ops:
+                op = g.ops[n]
+                t = op.output
+                print(f"    {op.type:22s} {n}  -> {list(t.shape)} {t.dtype_name}"
+                      + (f" fix_point={t.fix_point}" if t.fix_point is not None else ""))
+    return 0
+
+
+def cmd_targets(a) -> int:
+    from isa.target import PRESETS, Target
+    ts = [Target.from_name(n) for n in PRESETS]
+    if a.json:
+        print(json.dumps([t.to_dict() for t in ts], indent=1))
+        return 0
+    print(f"{'name':24s} {'fingerprint':18s} {'PP':>3s} {'CP':>3s} {'ALU_PP':>6s} {'depth':>5s} {'banks':>5s} "
+          f"{'ops/cycle':>9s}")
+    for t in ts:
+        print(f"{t.name:24s} 0x{t.fingerprint:016X} {t.pp:3d} {t.cp:3d} {t.alu_pp:6d} {t.bank_depth:5d} "
+              f"{t.num_banks:5d} {t.peak_ops_per_cycle:9d}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opendpu", description="Open emulator of the AMD DPUCZDX8G (ISA1)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run an xmodel end to end")
+    r.add_argument("model")
+    r.add_argument("-i", "--input", action="append", help="input .npy/.bin (one per graph input) or one .npz")
+    r.add_argument("-o", "--output", help="write graph outputs by tensor name to this .npz")
+    r.add_argument("--backend", choices=("ref", "sim"), default="sim")
+    r.add_argument("--target", help="preset name, fingerprint or arch.json (must match the model)")
+    r.add_argument("--dump", help="write every DPU-subgraph and per-layer output (.bin + .txt) here")
+    r.add_argument("--golden", help="compare per layer with the golden .bin files in this directory")
+    r.set_defaults(fn=cmd_run)
+    c = sub.add_parser("check", help="compare sim and ref on random inputs for every DPU subgraph")
+    c.add_argument("model")
+    c.add_argument("-n", type=int, default=2, help="random inputs per subgraph (default 2)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--target")
+    c.set_defaults(fn=cmd_check)
+    d = sub.add_parser("disasm", help="print the DPU instructions in text assembly")
+    d.add_argument("model")
+    d.add_argument("--subgraph")
+    d.set_defaults(fn=cmd_disasm)
+    x = sub.add_parser("xmodel", help="summary of graph, subgraphs, DPU attributes and registers")
+    x.add_argument("model")
+    x.add_argument("-v", "--verbose", action="store_true", help="list the ops of DPU subgraphs too")
+    x.set_defaults(fn=cmd_xmodel)
+    t = sub.add_parser("targets", help="list the ISA1 presets")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(fn=cmd_targets)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from compiler.xir.graph import XModelError
+    from isa.program import IsaError
+    from isa.target import TargetError
+    from runtime.dpu import RuntimeErrorDPU
+    from runtime.ops import OpError
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except BrokenPipeError:
+        return 0
+    except (CliError, XModelError, IsaError, TargetError, RuntimeErrorDPU, OpError) as e:
+        print(f"opendpu {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # executor / reference errors carry their own names
+        name = type(e).__name__
+        if name in ("ExecError", "RefError"):
+            print(f"opendpu {args.cmd}: error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

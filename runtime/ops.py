@@ -1,0 +1,81 @@
+"""CPU-side op evaluation for the runners: the XIR reference ops plus user-registered custom ops.
+
+A custom op (the seeds' `Mylayer`, `PPScatterV2`, …) is registered from Python with
+`register_op("Mylayer", fn)`, where `fn(op, inputs) -> np.ndarray` gets the `compiler.xir.graph.Op`
+(attributes in `op.attrs`, output shape in `op.output.shape`) and the input arrays in argument order —
+the Python counterpart of VART's `libvart_op_imp_<type>.so` `calculate(out, ins)`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from compiler.xir.graph import Graph, Op
+
+_REGISTRY: dict[str, Callable[[Op, list[np.ndarray]], np.ndarray]] = {}
+
+
+class OpError(RuntimeError):
+    """An op the runtime cannot evaluate; the message names the op and what to do."""
+
+
+def register_op(op_type: str, fn: Callable[[Op, list[np.ndarray]], np.ndarray]) -> None:
+    """Register a Python implementation for an XIR op type (overrides the built-in one)."""
+    if not callable(fn):
+        raise TypeError(f"register_op({op_type!r}): implementation must be callable")
+    _REGISTRY[op_type] = fn
+
+
+def unregister_op(op_type: str) -> None:
+    _REGISTRY.pop(op_type, None)
+
+
+def registered_ops() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def _identity(op: Op, ins: list[np.ndarray]) -> np.ndarray:
+    return ins[0]
+
+
+def _const(op: Op, ins: list[np.ndarray]) -> np.ndarray:
+    data = op.attrs.get("data")
+    if not data:
+        raise OpError(f"const op {op.name!r} carries no data (stripped consts live in a DPU parameter blob)")
+    return np.frombuffer(bytes(data), dtype=op.output.numpy_dtype).reshape(op.output.shape)
+
+
+_BUILTIN = {"upload": _identity, "download": _identity, "identity": _identity, "const": _const,
+            "const-fix": _const}
+
+
+def evaluate_op(graph: Graph, op: Op, inputs: list[np.ndarray]) -> np.ndarray:
+    """Value of `op`'s output tensor given its input values (in `op.input_ops()` order)."""
+    from compiler.ref import ops as ref
+    fn = _REGISTRY.get(op.type) or _BUILTIN.get(op.type)
+    shape = tuple(int(d) for d in op.output.shape)
+    if fn is not None:
+        try:
+            out = fn(op, list(inputs))
+        except Exception as e:   # a user implementation failing is reported with the op named
+            raise OpError(f"op {op.name!r} ({op.type}): implementation raised {type(e).__name__}: {e}") from e
+        out = np.asarray(out)
+        if out.shape != shape:
+            if out.size == int(np.prod(shape)):
+                out = out.reshape(shape)
+            else:
+                raise OpError(f"op {op.name!r} ({op.type}): implementation returned shape {list(out.shape)}, "
+                              f"the graph says {list(shape)}")
+        return out.astype(op.output.numpy_dtype, copy=False)
+    if op.type not in ref.SUPPORTED:
+        raise OpError(f"op {op.name!r} has type {op.type!r}, which opendpu does not implement; register a "
+                      f"Python implementation with runtime.register_op({op.type!r}, fn) where "
+                      f"fn(op, inputs) -> numpy array of shape {list(shape)}")
+    in_fix = [graph.ops[p].output.fix_point if graph.ops[p].output.is_fixed else None for p in op.input_ops()]
+    out_fix = op.output.fix_point if op.output.is_fixed else None
+    attrs = dict(op.attrs)
+    try:
+        return ref.evaluate(op.type, list(inputs), attrs, in_fix, out_fix, shape, name=op.name)
+    except ref.RefError as e:
+        raise OpError(str(e)) from None

@@ -1,0 +1,254 @@
+"""VART-shaped runners: one API, several backends.
+
+`create_runner(subgraph, mode)` returns a `Runner` for a DPU subgraph (modes "ref", "sim"; "run" = "sim")
+or a CPU subgraph. `GraphRunner` executes a whole xmodel: USER inputs are quantized with their fix_point
+and DPU rounding, DPU subgraphs run on the chosen backend, CPU subgraphs on the reference ops or on
+user-registered custom ops (`runtime.register_op`).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler.xir.graph import Graph, Subgraph
+from isa.target import Target, get_target
+from runtime.dpu import DpuSubgraph, RuntimeErrorDPU, TensorSpec, tensor_spec
+from runtime.ops import evaluate_op
+
+MODES = ("ref", "sim")
+_job_ids = itertools.count(1)
+
+
+def dpu_round_quantize(x: np.ndarray, fix_point: int) -> np.ndarray:
+    """float -> int8 with the DPU's rounding (half up, saturating), spec §6.1 / §7.1."""
+    v = np.floor(np.asarray(x, dtype=np.float64) * (2.0 ** fix_point) + 0.5)
+    return np.clip(v, -128, 127).astype(np.int8)
+
+
+class Runner:
+    """Runner for one subgraph. Inputs/outputs are C-contiguous numpy arrays in tensor order."""
+
+    def __init__(self, subgraph: Subgraph, mode: str = "sim", target: "Target | str | None" = None,
+                 graph: Graph | None = None, seed: int = 0):
+        if mode == "run":
+            mode = "sim"
+        if mode not in MODES:
+            raise RuntimeErrorDPU(f"unknown runner mode {mode!r}; use one of {', '.join(MODES)} "
+                                  f"('rtl' arrives with the RTL backend)")
+        self.graph = graph or getattr(subgraph, "graph", None)
+        if self.graph is None:
+            raise RuntimeErrorDPU(f"subgraph {subgraph.name!r} is not attached to a graph")
+        self.subgraph, self.mode, self.seed = subgraph, mode, seed
+        self.device = subgraph.device
+        self.stats: dict = {}
+        self._jobs: dict[int, int] = {}
+        self._machine = None
+        if self.device == "DPU":
+            self.dpu = DpuSubgraph(self.graph, subgraph)
+            self.target = self.dpu.target
+            if target is not None:
+                want = get_target(target)
+                if want.fingerprint != self.dpu.fingerprint:
+                    fp = "none" if want.fingerprint is None else f"0x{want.fingerprint:016X}"
+                    raise RuntimeErrorDPU(
+                        f"VART_GRAPH_FINGERPRINT_ERROR: subgraph {subgraph.name!r} was compiled for "
+                        f"{self.dpu.target.name} (fingerprint 0x{self.dpu.fingerprint:016X}) but the runner's "
+                        f"target is {want.name} (fingerprint {fp})")
+                self.target = want
+            self._inputs = self.dpu.inputs
+            self._outputs = self.dpu.outputs
+        elif self.device == "CPU":
+            self.dpu = None
+            self.target = None
+            self._ops = self.graph.toposort(subgraph.all_ops())
+            opset = set(self._ops)
+            self._inputs, self._outputs, seen = [], [], set()
+            for n in self._ops:
+                for p in self.graph.ops[n].input_ops():
+                    if p not in opset and p not in seen:
+                        seen.add(p)
+                        self._inputs.append(tensor_spec(self.graph.ops[p].output, p))
+                cons = self.graph.consumers(n)
+                if not cons or any(c not in opset for c in cons):
+                    self._outputs.append(tensor_spec(self.graph.ops[n].output, n))
+        else:
+            raise RuntimeErrorDPU(f"subgraph {subgraph.name!r} has device {self.device!r}; runners exist for "
+                                  f"DPU and CPU subgraphs")
+
+    # ---- VART API ---------------------------------------------------------------------------
+    def get_input_tensors(self) -> list[TensorSpec]:
+        return list(self._inputs)
+
+    def get_output_tensors(self) -> list[TensorSpec]:
+        return list(self._outputs)
+
+    def get_tensor_format(self) -> str:
+        return "NHWC"
+
+    def execute_async(self, inputs: list[np.ndarray], outputs: list[np.ndarray] | None = None) -> int:
+        """Run one job. Results go into `outputs` (pre-allocated, VART style) and `self.results`."""
+        inputs = list(inputs)
+        if len(inputs) != len(self._inputs):
+            raise RuntimeErrorDPU(f"subgraph {self.subgraph.name!r} takes {len(self._inputs)} input tensors "
+                                  f"({[t.name for t in self._inputs]}), got {len(inputs)}")
+        for spec, x in zip(self._inputs, inputs):
+            if not isinstance(x, np.ndarray) or not x.flags.c_contiguous:
+                raise RuntimeErrorDPU(f"input {spec.name!r} must be a C-contiguous numpy array")
+        res = self._run(inputs)
+        if outputs is not None:
+            if len(outputs) != len(res):
+                raise RuntimeErrorDPU(f"expected {len(res)} output buffers, got {len(outputs)}")
+            for spec, buf, r in zip(self._outputs, outputs, res):
+                if tuple(buf.shape) != tuple(r.shape):
+                    raise RuntimeErrorDPU(f"output buffer for {spec.name!r} has shape {list(buf.shape)}, "
+                                          f"needs {list(r.shape)}")
+                buf[...] = r
+        self.results = res
+        job = next(_job_ids)
+        self._jobs[job] = 0
+        return job
+
+    def wait(self, job_id: int, timeout: int = -1) -> int:
+        if job_id not in self._jobs:
+            raise RuntimeErrorDPU(f"unknown job id {job_id}")
+        return self._jobs.pop(job_id)
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Convenience: execute_async + wait, returning the output arrays."""
+        self.wait(self.execute_async(inputs))
+        return self.results
+
+    def run_layers(self, inputs: list[np.ndarray], reference: dict | None = None):
+        """Run and also return per-layer int8 values by op name (and, for sim, a LayerReport)."""
+        if self.dpu is None:
+            return self.run(inputs), {}, None
+        if self.mode == "ref":
+            out, vals = self.dpu.run_ref(inputs, keep=True)
+            layer_vals = {n: v for n, v in vals.items()
+                          if self.graph.ops[n].type not in ("const-fix", "const")}
+            return out, layer_vals, None
+        from runtime.layers import run_tracked
+        if self._machine is None:
+            self._machine = self.dpu.new_machine(self.seed)
+        out, rep = run_tracked(self.dpu, self._machine, list(inputs), reference)
+        self.stats = dict(self._machine.stats)
+        vals = dict(rep.captured)
+        for t, v in zip(self._outputs, out):
+            vals[t.op_name] = v
+        return out, vals, rep
+
+    # ---- backends ---------------------------------------------------------------------------
+    def _run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        if self.dpu is not None:
+            if self.mode == "sim":
+                if self._machine is None:
+                    self._machine = self.dpu.new_machine(self.seed)
+                out = self.dpu.run_sim(inputs, machine=self._machine)
+                self.stats = dict(self._machine.stats)
+                return out
+            out, _ = self.dpu.run_ref(inputs)
+            return out
+        vals = {s.op_name: x for s, x in zip(self._inputs, inputs)}
+        for n in self._ops:
+            op = self.graph.ops[n]
+            vals[n] = evaluate_op(self.graph, op, [vals[p] for p in op.input_ops()])
+        return [vals[s.op_name] for s in self._outputs]
+
+
+def create_runner(subgraph: Subgraph, mode: str = "sim", target=None, **kw) -> Runner:
+    """VART's `Runner.create_runner(subgraph, mode)`; modes 'ref', 'sim' ('run' = 'sim')."""
+    return Runner(subgraph, mode, target=target, **kw)
+
+
+@dataclass
+class GraphResult:
+    outputs: dict[str, np.ndarray]                      # graph outputs by tensor name
+    values: dict[str, np.ndarray] = field(default_factory=dict)   # every computed op output by op name
+    dpu_outputs: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # per DPU subgraph
+    layers: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # DPU subgraph -> op -> value
+
+
+class GraphRunner:
+    """Executes a whole xmodel in subgraph topological order (VART's graph runner)."""
+
+    def __init__(self, graph: Graph, backend: str = "sim", target=None, seed: int = 0):
+        self.graph, self.backend = graph, backend
+        self.order = graph.toposort_child_subgraphs()
+        self.runners: dict[str, Runner] = {}
+        for sg in self.order:
+            if sg.device == "DPU":
+                self.runners[sg.name] = Runner(sg, backend, target=target, graph=graph, seed=seed)
+            elif sg.device == "CPU":
+                self.runners[sg.name] = Runner(sg, "ref", graph=graph)
+            elif sg.device != "USER":
+                raise RuntimeErrorDPU(f"subgraph {sg.name!r}: unknown device {sg.device!r}")
+        self.user_ops = [n for sg in self.order if sg.device == "USER" for n in graph.toposort(sg.all_ops())]
+        self._inputs = [tensor_spec(graph.ops[n].output, n) for n in self.user_ops]
+        self._outputs = [tensor_spec(op.output, op.name) for op in graph.ops.values() if not graph.consumers(op.name)]
+
+    def get_inputs(self) -> list[TensorSpec]:
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[TensorSpec]:
+        return list(self._outputs)
+
+    def prepare_input(self, spec: TensorSpec, x: np.ndarray) -> np.ndarray:
+        """float -> fixed point with the tensor's fix_point (DPU rounding); int8 taken as fixed point."""
+        x = np.asarray(x)
+        if tuple(x.shape) != spec.dims:
+            if x.size == int(np.prod(spec.dims)):
+                x = x.reshape(spec.dims)
+            else:
+                raise RuntimeErrorDPU(f"input {spec.name!r}: shape {list(x.shape)} does not match "
+                                      f"{list(spec.dims)}")
+        if spec.dtype == "xint8":
+            if x.dtype == np.int8:
+                return np.ascontiguousarray(x)
+            if np.issubdtype(x.dtype, np.floating):
+                if not np.all(np.isfinite(x)):
+                    raise RuntimeErrorDPU(f"input {spec.name!r} contains NaN or Inf")
+                return dpu_round_quantize(x, spec.fix_point)
+            raise RuntimeErrorDPU(f"input {spec.name!r}: dtype {x.dtype}; give float32 (quantized with "
+                                  f"fix_point {spec.fix_point}) or int8 (taken as fixed point)")
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+    def run(self, inputs, keep_values: bool = False, layers: bool = False) -> GraphResult:
+        """inputs: list in get_inputs() order, or dict by tensor or op name."""
+        if isinstance(inputs, dict):
+            lst = []
+            for s in self._inputs:
+                if s.name in inputs:
+                    lst.append(inputs[s.name])
+                elif s.op_name in inputs:
+                    lst.append(inputs[s.op_name])
+                else:
+                    raise RuntimeErrorDPU(f"missing graph input {s.name!r} (inputs: {[t.name for t in self._inputs]})")
+            inputs = lst
+        inputs = list(inputs)
+        if len(inputs) != len(self._inputs):
+            raise RuntimeErrorDPU(f"graph {self.graph.name!r} takes {len(self._inputs)} inputs "
+                                  f"({[t.name for t in self._inputs]}), got {len(inputs)}")
+        vals: dict[str, np.ndarray] = {}
+        for spec, x in zip(self._inputs, inputs):
+            vals[spec.op_name] = self.prepare_input(spec, x)
+        res = GraphResult({})
+        for sg in self.order:
+            if sg.device == "USER":
+                continue
+            r = self.runners[sg.name]
+            ins = [np.ascontiguousarray(vals[t.op_name]) for t in r.get_input_tensors()]
+            if layers and sg.device == "DPU":
+                outs, lv, _ = r.run_layers(ins)
+                res.layers[sg.name] = lv
+            else:
+                outs = r.run(ins)
+            for t, v in zip(r.get_output_tensors(), outs):
+                vals[t.op_name] = v
+            if sg.device == "DPU":
+                res.dpu_outputs[sg.name] = {t.name: v for t, v in zip(r.get_output_tensors(), outs)}
+        res.outputs = {s.name: vals[s.op_name] for s in self._outputs}
+        if keep_values:
+            res.values = vals
+        return res

@@ -1,0 +1,252 @@
+"""Functional, bit-exact executor of DPUCZDX8G ISA1 programs (spec §2, §5.2, §5.3, §6).
+
+`DpuMachine` holds the on-chip banks, the eight DDR registers and the INIT state, and executes
+`isa.program.ProgramArrays` in program order (spec §5.2: dpdon/dpdby are ignored). The work is done by
+one numba function (`sim._kernels.run_range`); errors come back as a status record that is turned into
+`ExecError` here.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from isa.fields import FIELDS, MAX_FIELDS, OPS
+from isa.program import ProgramArrays
+from isa.target import Target
+
+from . import _kernels as K
+
+NUM_REGS = 8
+_REG_ALIGN = 4096
+
+
+class ExecError(RuntimeError):
+    """An instruction that the simulator would reject (spec §6, §9.17).
+
+    Attributes: `index` (instruction index), `op` (mnemonic), `field` (field name or None),
+    `value` (offending value or None).
+    """
+
+    def __init__(self, index: int, op: str, field: str | None, msg: str, value: int | None = None):
+        self.index = index
+        self.op = op
+        self.field = field
+        self.value = value
+        where = f"instruction {index} ({op})"
+        if field is not None:
+            where += f": field {field}={value}"
+        super().__init__(f"{where}: {msg}")
+
+
+def _target_params(t: Target) -> np.ndarray:
+    tp = np.zeros(K.NTP, np.int64)
+    tp[K.T_PP] = t.pp
+    tp[K.T_CP] = t.cp
+    tp[K.T_ALUPP] = t.alu_pp
+    tp[K.T_DEPTH] = t.bank_depth
+    tp[K.T_NIMG] = t.num_img_banks
+    tp[K.T_CONVW] = t.convw_base
+    tp[K.T_DWCONVW] = t.dwconvw_bank
+    tp[K.T_BIAS] = t.bias_bank
+    tp[K.T_NBANKS] = t.num_banks
+    tp[K.T_CVLK] = int(t.cv_lkrl)
+    tp[K.T_DWLK] = int(t.dw_lkrl)
+    tp[K.T_ARGMAX] = int(t.argmax)
+    tp[K.T_CKMAX] = t.conv_kernel_max
+    tp[K.T_CSMAX] = t.conv_stride_max
+    tp[K.T_AKMAX] = t.alu_kernel_max
+    tp[K.T_ASMAX] = t.alu_stride_max
+    return tp
+
+
+class DpuMachine:
+    """One DPU core: banks, DDR registers REG_0..7, CONV/ALU/ELEW INIT state, statistics.
+
+    banks: int8 [num_banks, bank_depth*bank_width] (one flat byte array per bank, spec §2.3).
+    DDR: every allocated register is a zero-initialised int8 array of exactly reg_sizes[k] bytes
+    (stored in one flat buffer, 4 KiB aligned); all range checks use the exact size (spec §2.6).
+    """
+
+    def __init__(self, target: Target, reg_sizes: dict[int, int], init_fill: str = "random", seed: int = 0):
+        self.target = target
+        t = target
+        self._tp = _target_params(t)
+        nbytes = t.bank_depth * t.bank_width
+        if init_fill == "random":
+            rng = np.random.default_rng(seed)
+            self.banks = rng.integers(-16, 17, size=(t.num_banks, nbytes), dtype=np.int8)
+        elif init_fill == "zero":
+            self.banks = np.zeros((t.num_banks, nbytes), np.int8)
+        else:
+            raise ValueError(f"init_fill must be 'random' or 'zero', not {init_fill!r}")
+        self._reg_size = np.full(NUM_REGS, -1, np.int64)
+        self._reg_off = np.zeros(NUM_REGS, np.int64)
+        off = 0
+        for k, size in sorted(reg_sizes.items()):
+            k, size = int(k), int(size)
+            if not 0 <= k < NUM_REGS:
+                raise ValueError(f"DDR register REG_{k} does not exist (REG_0..REG_{NUM_REGS - 1})")
+            if size < 0:
+                raise ValueError(f"DDR register REG_{k}: negative size {size}")
+            self._reg_size[k] = size
+            self._reg_off[k] = off
+            off += -(-max(size, 1) // _REG_ALIGN) * _REG_ALIGN
+        self._ddr = np.zeros(max(off, 1), np.int8)
+        self._conv_st = np.zeros(MAX_FIELDS + 1, np.int64)
+        self._alu_st = np.zeros(MAX_FIELDS + 1, np.int64)
+        self._elew_st = np.zeros((4, MAX_FIELDS), np.int64)
+        self._elew_ok = np.zeros(4, np.int64)
+        self._counts = np.zeros(len(OPS), np.int64)
+        self._ld_bytes = np.zeros(NUM_REGS, np.int64)
+        self._sv_bytes = np.zeros(NUM_REGS, np.int64)
+        self._err = np.zeros(8, np.int64)
+        self._status = np.zeros(2, np.int64)
+        self.pc = 0          # index after the last executed instruction
+        self.ended = False   # an END has been executed
+
+    # ---- DDR ---------------------------------------------------------------------------------------
+    def _check_reg(self, reg: int) -> None:
+        if not (0 <= reg < NUM_REGS) or self._reg_size[reg] < 0:
+            raise ValueError(f"DDR register REG_{reg} is not allocated (allocated: {self._alloc_str()})")
+
+    def _alloc_str(self) -> str:
+        regs = [f"REG_{k}" for k in range(NUM_REGS) if self._reg_size[k] >= 0]
+        return ", ".join(regs) if regs else "none"
+
+    def ddr(self, reg: int) -> np.ndarray:
+        """The whole int8 array of register `reg` (a view of exactly reg_sizes[reg] bytes)."""
+        self._check_reg(reg)
+        o = int(self._reg_off[reg])
+        return self._ddr[o:o + int(self._reg_size[reg])]
+
+    def write_ddr(self, reg: int, offset: int, data) -> None:
+        self._check_reg(reg)
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            arr = np.frombuffer(bytes(data), np.int8)
+        else:
+            arr = np.asarray(data)
+            if arr.dtype != np.int8:
+                if arr.dtype == np.uint8:
+                    arr = arr.view(np.int8)
+                else:
+                    arr = arr.astype(np.int8)
+            arr = arr.reshape(-1)
+        size = int(self._reg_size[reg])
+        if offset < 0 or offset + arr.size > size:
+            raise ValueError(f"write of {arr.size} bytes at offset {offset} does not fit in REG_{reg} "
+                             f"({size} bytes)")
+        self.ddr(reg)[offset:offset + arr.size] = arr
+
+    def read_ddr(self, reg: int, offset: int, nbytes: int) -> np.ndarray:
+        self._check_reg(reg)
+        size = int(self._reg_size[reg])
+        if offset < 0 or nbytes < 0 or offset + nbytes > size:
+            raise ValueError(f"read of {nbytes} bytes at offset {offset} exceeds REG_{reg} ({size} bytes)")
+        return self.ddr(reg)[offset:offset + nbytes].copy()
+
+    # ---- statistics --------------------------------------------------------------------------------
+    @property
+    def stats(self) -> dict:
+        """{'counts': {mnemonic: executed}, 'load_bytes': {reg: bytes read from DDR by LOAD},
+        'save_bytes': {reg: bytes written to DDR by SAVE}} — cumulative over all run() calls."""
+        return {
+            "counts": {o.mnemonic: int(self._counts[j]) for j, o in enumerate(OPS) if self._counts[j]},
+            "load_bytes": {k: int(self._ld_bytes[k]) for k in range(NUM_REGS) if self._ld_bytes[k]},
+            "save_bytes": {k: int(self._sv_bytes[k]) for k in range(NUM_REGS) if self._sv_bytes[k]},
+        }
+
+    # ---- execution ---------------------------------------------------------------------------------
+    def run(self, prog: ProgramArrays, start: int = 0, stop: int | None = None) -> None:
+        """Execute instructions [start, stop) in program order; stops early after END."""
+        n = len(prog)
+        if stop is None or stop > n:
+            stop = n
+        if start < 0 or start > stop:
+            raise ValueError(f"bad instruction range [{start}, {stop}) for a program of {n}")
+        op = np.ascontiguousarray(prog.op, dtype=np.int32)
+        fl = np.ascontiguousarray(prog.fields, dtype=np.int64)
+        if fl.ndim != 2 or fl.shape[1] < MAX_FIELDS:
+            raise ValueError(f"ProgramArrays.fields must be [N, {MAX_FIELDS}]")
+        self._err[:] = 0
+        K.run_range(op, fl, start, stop, self.banks, self._ddr, self._reg_off, self._reg_size, self._tp,
+                    self._conv_st, self._alu_st, self._elew_st, self._elew_ok, self._counts,
+                    self._ld_bytes, self._sv_bytes, self._err, self._status)
+        self.pc = int(self._status[0])
+        self.ended = bool(self._status[1])
+        if self._err[0] != 0:
+            raise self._make_error()
+
+    def _make_error(self) -> ExecError:
+        kind, idx, opi, col, v, lo, hi, aux = (int(x) for x in self._err)
+        mn = OPS[opi].mnemonic
+        fname = FIELDS[mn][col].name if col >= 0 else None
+        t = self.target
+        acts = {0: "none", 1: "ReLU", 3: "leaky ReLU", 4: "ReLU6"}
+        if kind == K.E_BANK_ANY:
+            msg = f"bank id {v} does not exist on {t.name} (allowed {lo}..{hi})"
+        elif kind == K.E_BANK_IMG:
+            msg = (f"bank {v} is not an image bank; {mn} may only use image banks {lo}..{hi} "
+                   f"(VB0..VB{t.img_bg - 1}, spec §2.2)")
+        elif kind == K.E_REG:
+            msg = f"DDR register REG_{v} is not allocated (allocated: {self._alloc_str()})"
+        elif kind == K.E_MODE_AVG:
+            msg = "mean-subtraction LOAD (mode_avg != 0) is not supported on ISA1 targets (allowed 0..0)"
+        elif kind == K.E_PAD_START:
+            msg = f"channel-augmentation pad_start must be smaller than channel (allowed {lo}..{hi})"
+        elif kind == K.E_PAD_END:
+            msg = (f"channel-augmentation end padding masks every byte of item {aux} "
+                   f"(first zeroed byte index {hi} must be > 0; check pad_end/pad_idx/jump_read)")
+        elif kind == K.E_DDR_READ:
+            msg = (f"reads REG_{aux} up to byte offset {v - 1}, past the end of the register "
+                   f"(allowed offsets 0..{hi - 1}, size {hi})")
+        elif kind == K.E_DDR_WRITE:
+            msg = (f"writes REG_{aux} bytes [{lo}, {v}) but the register has {hi} bytes "
+                   f"(ddr_addr+(length-1)*jump_write+channel must be <= {hi})")
+        elif kind == K.E_ARGMAX_TARGET:
+            msg = f"SAVE argmax is not available on {t.name} (argmax bit 1 must be clear, allowed 0..1)"
+        elif kind == K.E_ARGMAX_CH:
+            msg = f"value-mode argmax over more than 128 channels (allowed {lo}..{hi})"
+        elif kind == K.E_NOINIT:
+            init = "ALUINIT" if aux else "CONVINIT"
+            msg = f"{mn} executed before any {init} (no {init} state, spec §5.3)"
+        elif kind == K.E_VPP:
+            lim = "ALU_PP" if aux else "PP"
+            msg = f"valid_pixel_parallel exceeds {lim} of {t.name} (allowed {lo}..{hi})"
+        elif kind == K.E_KERNEL:
+            msg = f"kernel size above the target limit (allowed {lo}..{hi})"
+        elif kind == K.E_STRIDE:
+            msg = f"stride above the target limit (allowed {lo}..{hi})"
+        elif kind == K.E_SOI:
+            msg = f"stride_offset_in must be smaller than stride_h (allowed {lo}..{hi})"
+        elif kind == K.E_SHIFT_BIAS:
+            msg = f"shift_bias too large (allowed {lo}..{hi})"
+        elif kind == K.E_ACT:
+            allowed = t.alu_nonlinear if aux else t.conv_nonlinear
+            eng = "ALU" if aux else "CONV"
+            msg = (f"activation code {v} is not supported by the {eng} engine of {t.name} "
+                   f"(allowed: {', '.join(f'{a} ({acts[a]})' for a in allowed)})")
+        elif kind == K.E_PASS:
+            msg = (f"input row {aux} lies in bank-group pass {v}; only 4 pass addresses exist "
+                   f"(allowed passes {lo}..{hi}; (bank_id_in mod PP) + ceil((stride_offset_in+rows_in)/stride_h)"
+                   f" must be <= 4*PP)")
+        elif kind == K.E_EXEC_MODE:
+            msg = f"ALU exec_mode {v} is illegal on ISA1 (allowed {lo}..{hi})"
+        elif kind == K.E_ALU_1X1:
+            msg = f"ALU exec_mode {aux} requires kernel 1x1 and stride 1 (allowed {lo}..{hi})"
+        elif kind == K.E_KD:
+            msg = f"ALU exec_mode {aux} requires kernel_d 1 (allowed {lo}..{hi})"
+        elif kind == K.E_ELEW_TYPE:
+            msg = f"elew_type {v} is illegal (allowed {lo}..{hi}: 0 add, 1 multiply)"
+        elif kind == K.E_ELEW_NUM:
+            msg = f"ELEW multiply needs exactly 2 inputs (allowed {lo}..{hi})"
+        elif kind == K.E_ELEW_ID:
+            msg = (f"ELEW reads input id {v} but no ELEWINIT with id {v} was executed "
+                   f"(ids {lo}..{hi} are needed)")
+        elif kind == K.E_JUMP_BANK:
+            jb = int(self._elew_st[aux, K.EI_JB])
+            msg = (f"ELEWINIT id {aux} has jump_bank {jb}; jump_bank*valid_pixel_parallel must be <= PP "
+                   f"{t.pp} (allowed {lo}..{hi})")
+        elif kind == K.E_LEGACY:
+            msg = f"{mn} is not usable on ISA1 targets (no pool/dwconv engine, spec §3.4)"
+        else:
+            msg = f"error kind {kind} (value {v}, range {lo}..{hi})"
+        return ExecError(idx, mn, fname, msg, v if fname is not None else None)
