@@ -658,3 +658,63 @@ def test_supported_set():
                "reshape-fix", "reshape", "flatten", "strided_slice", "strided_slice-fix",
                "transpose", "fix2float", "float2fix", "fix", "softmax", "sigmoid"):
         assert op in SUPPORTED
+
+
+# --------------------------------------------------------------------------------------------------
+# every supported op of the real models evaluates with its real attributes, shapes and fix points
+# --------------------------------------------------------------------------------------------------
+
+def _attr_value(a):
+    v = getattr(a, a.WhichOneof("value"))
+    if hasattr(v, "value"):
+        v = v.value
+    if isinstance(v, (bytes, str, bool, int, float)):
+        return v
+    try:
+        return list(v)
+    except TypeError:
+        return v
+
+
+def _tensor_fix(t):
+    for key in ("fix_point", "quant_out_quantize_pos"):
+        if key in t.tensor_attr:
+            return _attr_value(t.tensor_attr[key])
+    return None
+
+
+@pytest.mark.parametrize("name", [
+    "dpu_mnist_classifier", "tf2_custom_op", "yolox_nano_b512",
+    pytest.param("pointpillars_custom_op", marks=pytest.mark.slow)])
+def test_real_model_ops_evaluate(name):
+    from compiler.xir import xir_pb2
+    from tests.conftest import model_path
+    g = xir_pb2.Graph()
+    with open(model_path(name), "rb") as f:
+        g.ParseFromString(f.read())
+    ops = {op.op_name: op for op in g.op_node}
+    rng = np.random.default_rng(0)
+    seen = set()
+    for op in g.op_node:
+        if op.op_type not in SUPPORTED:
+            assert op.op_type in ("const", "const-fix", "data", "data-fix", "Mylayer", "PPScatterV2")
+            continue
+        inputs, fixes = [], []
+        for arg in op.args:
+            for producer in arg.arg_ops:
+                t = ops[producer].output_tensor
+                shape = tuple(t.tensor_dim)
+                if t.data_type == 4:                                  # FLOAT
+                    inputs.append(rng.standard_normal(shape).astype(np.float32))
+                    fixes.append(None)
+                else:
+                    inputs.append(rand_i8(rng, shape))
+                    fixes.append(_tensor_fix(t))
+        attrs = {k: _attr_value(v) for k, v in op.op_attr.items()}
+        out_t = op.output_tensor
+        y = evaluate(op.op_type, inputs, attrs, fixes, _tensor_fix(out_t), tuple(out_t.tensor_dim),
+                     op.op_name)
+        assert y.shape == tuple(out_t.tensor_dim)
+        assert y.dtype == (np.float32 if out_t.data_type == 4 else np.int8), op.op_type
+        seen.add(op.op_type)
+    assert seen

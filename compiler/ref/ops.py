@@ -233,7 +233,21 @@ def _register(*names: str):
 def evaluate(op_type: str, inputs: Sequence[np.ndarray], attrs: dict | None,
              in_fix: Sequence[int | None] | None, out_fix: int | None,
              out_shape: Sequence[int], name: str = "") -> np.ndarray:
-    """Evaluate one XIR op on whole tensors (see the module docstring and SUPPORTED)."""
+    """Evaluate one XIR op on whole tensors.
+
+    op_type:   XIR op type, one of SUPPORTED (anything else raises RefError).
+    inputs:    the op's inputs in XIR argument order; quantized data as integer (int8) arrays in the
+               tensor's logical layout (feature maps NHWC, conv weights OHWI, depthwise weights
+               [multiplier, kh, kw, C], bias 1-D); float data as float arrays.
+    attrs:     the op's XIR attributes as plain Python values (kernel/stride/dilation are [w, h],
+               pad is [left, right, top, bottom]).
+    in_fix:    fix point of each input tensor (None for float tensors).
+    out_fix:   fix point of the output tensor (None for float outputs).
+    out_shape: shape of the output tensor (decides output sizes, e.g. ceil-mode pooling).
+    Returns int8 for *-fix ops and float2fix (another integer type only for float2fix with
+    bit_width > 8 or if_signed false), float32 for fix2float / fix / float ops; data-movement ops
+    (reshape, transpose, strided_slice, upload, download, ...) keep integer-ness of the input.
+    """
     handler = _HANDLERS.get(op_type)
     if handler is None:
         who = f"{op_type} '{name}'" if name else str(op_type)
@@ -420,7 +434,7 @@ def _dw_acc_rows(xp: np.ndarray, w: np.ndarray, r0: int, r1: int, ow: int, strid
 
 
 def _conv_geometry(ctx: _Ctx, x_hw, kernel_hw, transposed: bool = False):
-    kw_, kh_ = ctx.ints("kernel", None, 2)
+    kw_, kh_ = ctx.ints("kernel", [kernel_hw[1], kernel_hw[0]], 2)
     if (kh_, kw_) != tuple(kernel_hw):
         raise ctx.error(f"attribute kernel {[kw_, kh_]} (w, h) does not match weights "
                         f"{kernel_hw[0]}x{kernel_hw[1]} (h x w)")
@@ -452,6 +466,8 @@ def _conv_shifts(ctx: _Ctx, has_bias: bool):
         fp_b = ctx.fix(2, "bias (input)")
         sb = fp_in + fp_w - fp_b
         sb_eff = max(sb, -1)          # §7.2 correction C1
+        if sb_eff > 50:
+            raise ctx.error(f"bias shift {sb} (fp_in + fp_w - fp_bias) is out of range")
     return sc, sb_eff, fp_out
 
 
@@ -691,7 +707,7 @@ def _op_eltwise_fix(ctx: _Ctx) -> np.ndarray:
         # DPU ELEW: t_i = floor(x_i * 4 / 2^(fp_i - fmin)); value = sum(t) / 4 * 2^(fp_out - fmin)
         S = np.zeros(xs[0].shape, dtype=np.int64)
         for x, fp in zip(xs, fps):
-            S += (x << 2) >> (fp - fmin)
+            S += (x << 2) >> min(fp - fmin, 63)
         k = 2 - (fp_out - fmin)
         n = S
     elif typ == "MUL":
