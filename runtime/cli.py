@@ -105,7 +105,7 @@ def cmd_run(a) -> int:
                     continue
                 gold = np.fromfile(gp, dtype=np.int8)
                 ok = gold.size == v.size and np.array_equal(gold, v.astype(np.int8).reshape(-1))
-                status = "success !" if ok else "fail !"
+                status = "success !" if ok else "fail ! "
                 fails += not ok
                 print(f"XLNX_GOLDEN_DIR: compare data {status}layer_name {name} dump_md5 {_md5(v)} "
                       f"golden_md5 {_md5(gold)}")

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         same += eq
         correct += pred == int(y[i])
         print(f"digit {i:3d}: label {int(y[i])}  predicted {pred}  p={prob[pred]:.3f}  "
-              f"DPU int8 out {list(next(iter(dpu_s.values())).reshape(-1))}  sim==ref {'yes' if eq else 'NO'}")
+              f"DPU int8 out {next(iter(dpu_s.values())).reshape(-1).tolist()}  sim==ref {'yes' if eq else 'NO'}")
     print(f"\n{correct}/{a.n} correct on sklearn digits (8x8 upscaled; the model was trained on MNIST)")
     print(f"sim == ref bit-exact on {same}/{a.n}; mean sim time {t_sim / a.n * 1e3:.2f} ms per inference")
     return 0 if same == a.n else 1
