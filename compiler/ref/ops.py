@@ -513,7 +513,8 @@ def _check_4d(ctx: _Ctx, a: np.ndarray, what: str):
         raise ctx.error(f"{what} must be 4-D (NHWC / OHWI), got shape {list(a.shape)}")
 
 
-def _conv_like(ctx: _Ctx, transposed: bool) -> np.ndarray:
+def _conv_operands(ctx: _Ctx) -> tuple[np.ndarray, np.ndarray]:
+    """Input and weights of a (depthwise / transposed) conv, checked to be 4-D with a 4-D output."""
     ctx.need_inputs(2, 3)
     x = ctx.int_input(0, small=True)
     w = ctx.int_input(1)
@@ -521,6 +522,11 @@ def _conv_like(ctx: _Ctx, transposed: bool) -> np.ndarray:
     _check_4d(ctx, w, "weights")
     if len(ctx.out_shape) != 4:
         raise ctx.error(f"output must be 4-D, got {list(ctx.out_shape)}")
+    return x, w
+
+
+def _conv_like(ctx: _Ctx, transposed: bool) -> np.ndarray:
+    x, w = _conv_operands(ctx)
     O, kh, kw, Ig = w.shape
     groups = ctx.int_attr("group", 1)
     if groups < 1:
@@ -564,13 +570,7 @@ def _op_tconv2d_fix(ctx: _Ctx) -> np.ndarray:
 
 
 def _dwconv_like(ctx: _Ctx, transposed: bool) -> np.ndarray:
-    ctx.need_inputs(2, 3)
-    x = ctx.int_input(0, small=True)
-    w = ctx.int_input(1)
-    _check_4d(ctx, x, "input")
-    _check_4d(ctx, w, "weights")
-    if len(ctx.out_shape) != 4:
-        raise ctx.error(f"output must be 4-D, got {list(ctx.out_shape)}")
+    x, w = _conv_operands(ctx)
     M, kh, kw, C = w.shape
     strides, dils, pads = _conv_geometry(ctx, x.shape[1:3], (kh, kw), transposed)
     bias = _get_bias(ctx, C * M)
