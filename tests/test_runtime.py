@@ -162,3 +162,19 @@ def test_console_script_targets():
     exe = os.path.join(os.path.dirname(sys.executable), "opendpu")
     out = subprocess.run([exe, "targets", "--json"], capture_output=True, text=True, check=True).stdout
     assert '"fingerprint": "0x0101000056010407"' in out
+
+
+def test_cli_run_int8_input_both_backends_agree(mnist_path, tmp_path):
+    rng = np.random.default_rng(7)
+    outs = {}
+    for k in range(3):
+        x = rng.integers(-128, 128, size=(1, 28, 28, 1), dtype=np.int8)   # int8 is taken as fixed point
+        np.save(tmp_path / f"x{k}.npy", x)
+        for be in ("ref", "sim"):
+            assert cli(["run", mnist_path, "-i", str(tmp_path / f"x{k}.npy"), "-o", str(tmp_path / f"{be}{k}.npz"),
+                        "--backend", be, "--dump", str(tmp_path / f"d{be}{k}")]) == 0
+            outs[be, k] = np.load(tmp_path / f"{be}{k}.npz")["quant_dense_1_softmax"]
+        assert np.array_equal(outs["ref", k], outs["sim", k])
+        a = np.fromfile(tmp_path / f"dref{k}" / "quant_dense_1_softmax_fix.bin", np.int8)
+        b = np.fromfile(tmp_path / f"dsim{k}" / "quant_dense_1_softmax_fix.bin", np.int8)
+        assert a.size == 10 and np.array_equal(a, b)
