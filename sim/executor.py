@@ -58,6 +58,23 @@ def _target_params(t: Target) -> np.ndarray:
     return tp
 
 
+_FILL_CACHE: dict[tuple[int, int, int], np.ndarray] = {}
+
+
+def _random_fill(nbanks: int, nbytes: int, seed: int) -> np.ndarray:
+    """Pseudo-random initial bank content in -16..16 (spec §2.3), deterministic by seed; cached
+    (read-only) so that building many machines costs one copy each."""
+    key = (nbanks, nbytes, int(seed))
+    a = _FILL_CACHE.get(key)
+    if a is None:
+        a = np.random.default_rng(seed).integers(-16, 17, size=(nbanks, nbytes), dtype=np.int8)
+        a.flags.writeable = False
+        if len(_FILL_CACHE) >= 8:
+            _FILL_CACHE.pop(next(iter(_FILL_CACHE)))
+        _FILL_CACHE[key] = a
+    return a
+
+
 class DpuMachine:
     """One DPU core: banks, DDR registers REG_0..7, CONV/ALU/ELEW INIT state, statistics.
 
@@ -72,8 +89,7 @@ class DpuMachine:
         self._tp = _target_params(t)
         nbytes = t.bank_depth * t.bank_width
         if init_fill == "random":
-            rng = np.random.default_rng(seed)
-            self.banks = rng.integers(-16, 17, size=(t.num_banks, nbytes), dtype=np.int8)
+            self.banks = _random_fill(t.num_banks, nbytes, seed).copy()
         elif init_fill == "zero":
             self.banks = np.zeros((t.num_banks, nbytes), np.int8)
         else:
