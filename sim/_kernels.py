@@ -49,7 +49,11 @@ NTP = 16
 # ---- error kinds (messages are built in sim/executor.py) -------------------------------------------
 (E_NONE, E_BANK_ANY, E_BANK_IMG, E_REG, E_MODE_AVG, E_PAD_START, E_PAD_END, E_DDR_READ, E_DDR_WRITE,
  E_ARGMAX_TARGET, E_ARGMAX_CH, E_NOINIT, E_VPP, E_KERNEL, E_STRIDE, E_SOI, E_SHIFT_BIAS, E_ACT, E_PASS,
- E_EXEC_MODE, E_ALU_1X1, E_KD, E_ELEW_TYPE, E_ELEW_NUM, E_ELEW_ID, E_JUMP_BANK, E_LEGACY) = range(27)
+ E_EXEC_MODE, E_ALU_1X1, E_KD, E_ELEW_TYPE, E_ELEW_NUM, E_ELEW_ID, E_JUMP_BANK, E_LEGACY, E_TOO_BIG) = range(28)
+
+# Largest working tile (elements) the emulator allocates for one CONV/ALU/ELEW; real programs stay
+# far below (YOLOX-nano: < 2^20). Larger instructions are legal encodings but raise E_TOO_BIG.
+MAX_TILE = 1 << 26
 
 
 def _c(op, name):
@@ -485,6 +489,9 @@ def _conv(i, f, banks, tp, st, err):
     r_hi = min(rows_in, rows_in - kh + f[CV_PB] + 1)
     x_lo = f[CV_PL]
     x_hi = min(cols_in, cols_in - kw + f[CV_PR] + 1)
+    if rows_in * cols_in * ic > MAX_TILE:
+        _fail(err, E_TOO_BIG, i, OP_CONV, CV_LEN, length, 1, 0, rows_in * cols_in * ic)
+        return
     X = np.zeros((rows_in, cols_in * ic), np.int16)
     _gather(banks, tp, X, rows_in, cols_in, ic, r_lo, r_hi, x_lo, x_hi, nread,
             bidi, soi, sh, st[CI_JRE], st[CI_JR], f[CV_BAI], f[CV_BAI1], f[CV_BAI2], f[CV_BAI3])
@@ -578,6 +585,9 @@ def _alu(i, f, banks, tp, st, err):
     if not _pass_check(i, OP_ALU, AL_BIDI, err, tp, bidi, soi, rows_in, sh):
         return
     pv = -128 if mode == 3 else 0
+    if rows_in * cols_in * ick > MAX_TILE:
+        _fail(err, E_TOO_BIG, i, OP_ALU, AL_VPP, vpp, 1, 0, rows_in * cols_in * ick)
+        return
     X = np.full((rows_in, cols_in * ick), pv, np.int16)
     if mode == 5:
         r_lo, r_hi, x_lo, x_hi = 0, rows_in, 0, cols_in
@@ -765,6 +775,9 @@ def _elew(i, f, banks, tp, elew_st, elew_ok, err):
     cg = f[EW_CG]
     ic = cg * cp
     length = f[EW_LEN]
+    if vpp * length * ic > MAX_TILE:
+        _fail(err, E_TOO_BIG, i, OP_ELEW, EW_LEN, length, 1, 0, vpp * length * ic)
+        return
     S = np.zeros((vpp, length * ic), np.int64)
     tmp = np.empty(ic, np.int64)
     for k in range(num):

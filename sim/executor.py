@@ -182,6 +182,9 @@ class DpuMachine:
         fl = np.ascontiguousarray(prog.fields, dtype=np.int64)
         if fl.ndim != 2 or fl.shape[1] < MAX_FIELDS:
             raise ValueError(f"ProgramArrays.fields must be [N, {MAX_FIELDS}]")
+        ops = op[start:stop]
+        if len(ops) and (int(ops.min()) < 0 or int(ops.max()) >= len(OPS)):
+            raise ValueError(f"ProgramArrays.op holds values outside 0..{len(OPS) - 1}")
         self._err[:] = 0
         K.run_range(op, fl, start, stop, self.banks, self._ddr, self._reg_off, self._reg_size, self._tp,
                     self._conv_st, self._alu_st, self._elew_st, self._elew_ok, self._counts,
@@ -263,6 +266,9 @@ class DpuMachine:
                    f"{t.pp} (allowed {lo}..{hi})")
         elif kind == K.E_LEGACY:
             msg = f"{mn} is not usable on ISA1 targets (no pool/dwconv engine, spec §3.4)"
+        elif kind == K.E_TOO_BIG:
+            msg = (f"working tile of {aux} elements exceeds the emulator limit of {K.MAX_TILE} "
+                   f"(the instruction is encodable but far beyond any compiled program)")
         else:
             msg = f"error kind {kind} (value {v}, range {lo}..{hi})"
         return ExecError(idx, mn, fname, msg, v if fname is not None else None)

@@ -265,11 +265,13 @@ def _alu_setup(img, s_in=1, nbytes=4, seed=0):
     return m
 
 
-def _alu_run(m, img_shape, kh, kw, sh, sw, pads, mode, out_h, out_w, cg=1, **init):
-    """Run one ALU instruction per pair of output rows; return the output image [out_h, out_w, cg*4]."""
+def _alu_run(m, img_shape, kh, kw, sh, sw, pads, mode, out_h, out_w, cg=1, in_lines=None, kd=1, **init):
+    """Run one ALU instruction per pair of output rows; return the output image [out_h, out_w, cg*4].
+    The input has `in_lines` lines per pixel (default cg), stored with row stride sh."""
     H, W, _ = img_shape
     pt, pb_cnt, pl, pr_cnt = pads
-    E, J = W * cg, cg
+    J = cg if in_lines is None else in_lines
+    E = W * J
     OE = out_w * cg
     base = dict(kernel_w=kw, kernel_h=kh, exec_mode=mode, stride_w=sw, stride_h=sh, length=out_w,
                 channel_group=cg, stride_out=1, jump_read=J, jump_read_endl=E, jump_write=cg,
@@ -292,7 +294,7 @@ def _alu_run(m, img_shape, kh, kw, sh, sw, pads, mode, out_h, out_w, cg=1, **ini
         instrs.append(ins("ALU", bank_addr_out=ao, bank_id_out=bo, bank_addr_in=addrs[0], bank_addr_in_1=addrs[1],
                           bank_addr_in_2=addrs[2], bank_addr_in_3=addrs[3], bank_id_in=bid,
                           valid_pixel_parallel=vpp, pad_top=ptop, pad_bottom=pbot, pad_left=pl, pad_right=pright,
-                          bank_addr_weights=30, bank_addr_bias=40))
+                          bank_addr_weights=30, bank_addr_bias=40, kernel_d=kd))
     m.run(prog(*instrs))
     return get_image(m, out_h, out_w, cg * 4, 2, 500, 1, OE, cg)
 
@@ -365,6 +367,53 @@ def test_alu_dwconv_bias_relu():
             set_bytes(m2, TA.dwconvw_bank, 30 + (ky * 3 + kx), wt[ky, kx])
     got = _alu_run(m2, img.shape, 3, 3, 1, 1, (1, 1, 1, 1), 6, 4, 5, shift_cut=sc, jump_read_weights=1)
     np.testing.assert_array_equal(got, rdround(acc / 2.0 ** sc))
+
+
+def test_alu_dwconv_kernel_d2():
+    # KD = 2 blocks of IC = 4 channels per input pixel (2 lines); both blocks accumulate into 4 outputs
+    rng = np.random.default_rng(12)
+    img = rng.integers(-128, 128, (3, 4, 8))
+    m = _alu_setup(img, nbytes=8)
+    wt = rng.integers(-128, 128, (3, 3, 2, 4))
+    bias = rng.integers(-128, 128, 4)
+    for ky in range(3):
+        for kx in range(3):
+            for d in range(2):      # wline = baw + pos*jump_read_weights + d*cg
+                set_bytes(m, TA.dwconvw_bank, 30 + (ky * 3 + kx) * 2 + d, wt[ky, kx, d])
+    set_bytes(m, TA.bias_bank, 40, bias)
+    got = _alu_run(m, img.shape, 3, 3, 1, 1, (1, 1, 1, 1), 0, 3, 4, in_lines=2, kd=2, shift_bias=1, shift_cut=8,
+                   jump_read_weights=2)
+    win = _windows(img, 3, 3, 1, 1, (1, 1, 1, 1), 0, 3, 4).reshape(3, 4, 3, 3, 2, 4)
+    acc = (win * wt).sum(axis=(2, 3, 4))
+    np.testing.assert_array_equal(got, rdround((2 * acc + bias * 2.0) / 2.0 ** 9))
+
+
+def test_alu_dwconv_w16b0():
+    # 16-bit weights, one per channel group: bytes 0-1 of line wline + 2*g; v = acc / 2^shift_cut
+    rng = np.random.default_rng(13)
+    img = rng.integers(-128, 128, (2, 3, 8))
+    m = _alu_setup(img, nbytes=8)
+    w16 = rng.integers(-3000, 3000, (3, 3, 2))
+    for ky in range(3):
+        for kx in range(3):
+            for g in range(2):
+                v = int(w16[ky, kx, g]) & 0xFFFF
+                lo, hi = v & 0xFF, v >> 8
+                set_bytes(m, TA.dwconvw_bank, 30 + (ky * 3 + kx) * 4 + 2 * g,
+                          [lo - 256 if lo > 127 else lo, hi - 256 if hi > 127 else hi])
+    got = _alu_run(m, img.shape, 3, 3, 1, 1, (1, 1, 1, 1), 8, 2, 3, cg=2, shift_cut=14, jump_read_weights=4)
+    win = _windows(img, 3, 3, 1, 1, (1, 1, 1, 1), 0, 2, 3)
+    acc = (win * np.repeat(w16, 4, axis=2)).sum(axis=(2, 3))
+    np.testing.assert_array_equal(got, rdround(acc / 2.0 ** 14))
+
+
+def test_alu_maxreduce():
+    rng = np.random.default_rng(14)
+    img = rng.integers(-128, 128, (4, 4, 4))
+    m = _alu_setup(img, s_in=2)
+    got = _alu_run(m, img.shape, 2, 2, 2, 2, (0, 0, 0, 0), 5, 2, 2, shift_cut=2)
+    win = _windows(img, 2, 2, 2, 2, (0, 0, 0, 0), -128, 2, 2)
+    np.testing.assert_array_equal(got, rdround(win.max(axis=(2, 3)) * 4.0))
 
 
 def test_alu_hsigmoid_leaky_prelu():
@@ -482,6 +531,8 @@ AI_OK = dict(exec_mode=3)
     ([ins("ELEWINIT", id=0, bank_id_in=16)], 0, "ELEWINIT", "bank_id_in", ["0..7"]),
     ([ins("LOAD", bank_id=0, reg_id=0), ins("POOLINIT")], 1, "POOLINIT", None, ["not usable on ISA1"]),
     ([ins("DPTWISE")], 0, "DPTWISE", None, ["not usable on ISA1"]),
+    ([ins("ALUINIT", exec_mode=3, kernel_w=256, kernel_h=256, stride_w=256, stride_h=256, length=2048),
+      ins("ALU")], 1, "ALU", "valid_pixel_parallel", ["emulator limit"]),
 ])
 def test_errors(instrs, bad, op, field, words):
     m = DpuMachine(T512, {0: 64}, init_fill="zero")
