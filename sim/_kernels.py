@@ -204,6 +204,22 @@ def _write(brow, line, src, s0, n, depth, w):
 
 
 # ---- LOAD / SAVE -------------------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _load_span(it, ch, aug, pad_start, pad_end, jr, first_end, cw):
+    """[lo, hi): the unmasked bytes of LOAD item `it` (spec §6.2 channel-augmentation masking)."""
+    lo = 0
+    hi = ch
+    if aug:
+        lo = pad_start - it * jr
+        if lo < 0:
+            lo = 0
+        if it >= first_end:
+            z = cw - (pad_end + jr * (it - first_end))
+            if z < hi:
+                hi = z
+    return lo, hi
+
+
 @njit(cache=True)
 def _load(i, f, banks, ddr, reg_off, reg_size, tp, ld_bytes, err, buf):
     depth = tp[T_DEPTH]
@@ -245,37 +261,37 @@ def _load(i, f, banks, ddr, reg_off, reg_size, tp, ld_bytes, err, buf):
     cval = f[LD_CONST]
     if cval >= 128:
         cval -= 256
+    # pass 1: range check of the unmasked bytes of every item (no partial effects on error)
     nread = 0
+    if not const:
+        for it in range(length):
+            lo, hi = _load_span(it, ch, aug, pad_start, pad_end, jr, first_end, cw)
+            if lo < hi:
+                src = addr + it * jr
+                if src + hi > size:
+                    _fail(err, E_DDR_READ, i, OP_LOAD, LD_DDR, src + hi, 0, size, reg)
+                    return
+                nread += hi - lo
+    # pass 2: build each item (masked bytes 0) and write it
+    brow = banks[bank]
     for it in range(length):
-        lo = 0
-        hi = ch
-        if aug:
-            lo = pad_start - it * jr
-            if lo < 0:
-                lo = 0
-            if it >= first_end:
-                z = cw - (pad_end + jr * (it - first_end))
-                if z < hi:
-                    hi = z
-        src = addr + it * jr
-        if not const and lo < hi:
-            if src + hi > size:
-                _fail(err, E_DDR_READ, i, OP_LOAD, LD_DDR, src + hi, 0, size, reg)
-                return
+        lo, hi = _load_span(it, ch, aug, pad_start, pad_end, jr, first_end, cw)
+        if hi < lo:
+            hi = lo
         for c in range(0, lo):
             buf[c] = 0
         if const:
             for c in range(lo, hi):
                 buf[c] = cval
         else:
-            p = base + src
-            for c in range(lo, hi):
-                buf[c] = ddr[p + c]
-            if hi > lo:
-                nread += hi - lo
-        for c in range(max(hi, lo), ch):
+            p = base + addr + it * jr
+            dsl = ddr[p + lo:p + hi]
+            bsl = buf[lo:hi]
+            for c in range(hi - lo):
+                bsl[c] = dsl[c]
+        for c in range(hi, ch):
             buf[c] = 0
-        _write(banks[bank], line0 + it * jw, buf, 0, ch, depth, w)
+        _write(brow, line0 + it * jw, buf, 0, ch, depth, w)
     if not const:
         ld_bytes[reg] += nread
 

@@ -618,3 +618,12 @@ def test_mnist_two_seeds_and_chunked_run():
     for k in outs[0]:
         np.testing.assert_array_equal(m.ddr(k), outs[0][k])
     assert outs[0][3].any()
+
+
+def test_failed_load_has_no_partial_effect():
+    m = DpuMachine(T512, {0: 20}, init_fill="random", seed=4)
+    before = m.banks.copy()
+    with pytest.raises(ExecError, match=r"instruction 0 \(LOAD\): field ddr_addr=4"):
+        m.run(prog(ins("LOAD", bank_id=3, reg_id=0, ddr_addr=4, jump_read=8, channel=8, length=3)))
+    np.testing.assert_array_equal(m.banks, before)
+    assert m.pc == 0 and not m.ended
