@@ -269,7 +269,7 @@ def _load(i, f, banks, ddr, reg_off, reg_size, tp, ld_bytes, err, buf):
             if lo < hi:
                 src = addr + it * jr
                 if src + hi > size:
-                    _fail(err, E_DDR_READ, i, OP_LOAD, LD_DDR, src + hi, 0, size, reg)
+                    _fail(err, E_DDR_READ, i, OP_LOAD, LD_DDR, addr, src + hi, size, reg)
                     return
                 nread += hi - lo
     # pass 2: build each item (masked bytes 0) and write it
@@ -315,7 +315,7 @@ def _save(i, f, banks, ddr, reg_off, reg_size, tp, sv_bytes, err, buf):
     addr = f[SV_DDR]
     end = addr + (length - 1) * jw + ch
     if end > reg_size[reg]:
-        _fail(err, E_DDR_WRITE, i, OP_SAVE, SV_DDR, end, addr, reg_size[reg], reg)
+        _fail(err, E_DDR_WRITE, i, OP_SAVE, SV_DDR, addr, end, reg_size[reg], reg)
         return
     const_en = f[SV_CONST_EN] != 0
     am = f[SV_ARGMAX]
@@ -782,7 +782,7 @@ def _elew(i, f, banks, tp, elew_st, elew_ok, err):
         return
     for k in range(num):
         if elew_ok[k] == 0:
-            _fail(err, E_ELEW_ID, i, OP_ELEW, EW_NUM, k, 0, num - 1, 0)
+            _fail(err, E_ELEW_ID, i, OP_ELEW, EW_NUM, num, 0, num - 1, k)
             return
         jb = elew_st[k, EI_JB]
         if jb * vpp > pp:

@@ -215,11 +215,11 @@ class DpuMachine:
             msg = (f"channel-augmentation end padding masks every byte of item {aux} "
                    f"(first zeroed byte index {hi} must be > 0; check pad_end/pad_idx/jump_read)")
         elif kind == K.E_DDR_READ:
-            msg = (f"reads REG_{aux} up to byte offset {v - 1}, past the end of the register "
-                   f"(allowed offsets 0..{hi - 1}, size {hi})")
+            msg = (f"reads REG_{aux} up to byte offset {lo - 1} (unmasked bytes only), past the end of the "
+                   f"register (allowed offsets 0..{hi - 1}, size {hi})")
         elif kind == K.E_DDR_WRITE:
-            msg = (f"writes REG_{aux} bytes [{lo}, {v}) but the register has {hi} bytes "
-                   f"(ddr_addr+(length-1)*jump_write+channel must be <= {hi})")
+            msg = (f"writes REG_{aux} bytes [{v}, {lo}) but the register has {hi} bytes "
+                   f"(ddr_addr+(length-1)*jump_write+channel = {lo} must be <= {hi})")
         elif kind == K.E_ARGMAX_TARGET:
             msg = f"SAVE argmax is not available on {t.name} (argmax bit 1 must be clear, allowed 0..1)"
         elif kind == K.E_ARGMAX_CH:
@@ -258,7 +258,7 @@ class DpuMachine:
         elif kind == K.E_ELEW_NUM:
             msg = f"ELEW multiply needs exactly 2 inputs (allowed {lo}..{hi})"
         elif kind == K.E_ELEW_ID:
-            msg = (f"ELEW reads input id {v} but no ELEWINIT with id {v} was executed "
+            msg = (f"ELEW reads input id {aux} but no ELEWINIT with id {aux} was executed "
                    f"(ids {lo}..{hi} are needed)")
         elif kind == K.E_JUMP_BANK:
             jb = int(self._elew_st[aux, K.EI_JB])
