@@ -364,23 +364,32 @@ def _save(i, f, banks, ddr, reg_off, reg_size, tp, sv_bytes, err, buf):
 
 # ---- CONV ------------------------------------------------------------------------------------------
 @njit(cache=True)
+def _init_geometry_ok(i, op, f, kh, kw, sh, sw, soi, sb, kmax, smax, err):
+    """Kernel/stride limits, stride_offset_in < stride_h and shift_bias <= 20 of a CONVINIT/ALUINIT."""
+    for col in (kh, kw):
+        if f[col] > kmax:
+            _fail(err, E_KERNEL, i, op, col, f[col], 1, kmax, 0)
+            return False
+    for col in (sh, sw):
+        if f[col] > smax:
+            _fail(err, E_STRIDE, i, op, col, f[col], 1, smax, 0)
+            return False
+    if f[soi] >= f[sh]:
+        _fail(err, E_SOI, i, op, soi, f[soi], 0, f[sh] - 1, 0)
+        return False
+    if f[sb] > 20:
+        _fail(err, E_SHIFT_BIAS, i, op, sb, f[sb], 0, 20, 0)
+        return False
+    return True
+
+
+@njit(cache=True)
 def _convinit(i, f, tp, conv_st, err):
     if f[CI_VPP] > tp[T_PP]:
         _fail(err, E_VPP, i, OP_CONVINIT, CI_VPP, f[CI_VPP], 1, tp[T_PP], 0)
         return
-    for col in (CI_KH, CI_KW):
-        if f[col] > tp[T_CKMAX]:
-            _fail(err, E_KERNEL, i, OP_CONVINIT, col, f[col], 1, tp[T_CKMAX], 0)
-            return
-    for col in (CI_SH, CI_SW):
-        if f[col] > tp[T_CSMAX]:
-            _fail(err, E_STRIDE, i, OP_CONVINIT, col, f[col], 1, tp[T_CSMAX], 0)
-            return
-    if f[CI_SOI] >= f[CI_SH]:
-        _fail(err, E_SOI, i, OP_CONVINIT, CI_SOI, f[CI_SOI], 0, f[CI_SH] - 1, 0)
-        return
-    if f[CI_SB] > 20:
-        _fail(err, E_SHIFT_BIAS, i, OP_CONVINIT, CI_SB, f[CI_SB], 0, 20, 0)
+    if not _init_geometry_ok(i, OP_CONVINIT, f, CI_KH, CI_KW, CI_SH, CI_SW, CI_SOI, CI_SB,
+                             tp[T_CKMAX], tp[T_CSMAX], err):
         return
     act = f[CI_ACT]
     if not (act == 0 or act == 1 or act == 4 or (act == 3 and tp[T_CVLK] != 0)):
@@ -535,19 +544,8 @@ def _aluinit(i, f, tp, alu_st, err):
     if mode > 8:
         _fail(err, E_EXEC_MODE, i, OP_ALUINIT, AI_MODE, mode, 0, 8, 0)
         return
-    for col in (AI_KH, AI_KW):
-        if f[col] > tp[T_AKMAX]:
-            _fail(err, E_KERNEL, i, OP_ALUINIT, col, f[col], 1, tp[T_AKMAX], 0)
-            return
-    for col in (AI_SH, AI_SW):
-        if f[col] > tp[T_ASMAX]:
-            _fail(err, E_STRIDE, i, OP_ALUINIT, col, f[col], 1, tp[T_ASMAX], 0)
-            return
-    if f[AI_SOI] >= f[AI_SH]:
-        _fail(err, E_SOI, i, OP_ALUINIT, AI_SOI, f[AI_SOI], 0, f[AI_SH] - 1, 0)
-        return
-    if f[AI_SB] > 20:
-        _fail(err, E_SHIFT_BIAS, i, OP_ALUINIT, AI_SB, f[AI_SB], 0, 20, 0)
+    if not _init_geometry_ok(i, OP_ALUINIT, f, AI_KH, AI_KW, AI_SH, AI_SW, AI_SOI, AI_SB,
+                             tp[T_AKMAX], tp[T_ASMAX], err):
         return
     act = f[AI_ACT]
     if not (act == 0 or act == 1 or act == 4 or (act == 3 and tp[T_DWLK] != 0)):
