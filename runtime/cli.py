@@ -133,6 +133,7 @@ def cmd_check(a) -> int:
         machine = dpu.new_machine(seed=a.seed)
         compared = mism = 0
         first = None
+        layers_ok: set[str] = set()
         t0 = time.perf_counter()
         for k in range(a.n):
             ins = [rng.integers(-128, 128, size=s.dims, dtype=np.int8) for s in dpu.inputs]
@@ -143,11 +144,13 @@ def cmd_check(a) -> int:
                 mism += int(np.count_nonzero(r.astype(np.int8) != s))
             if first is None:
                 first = rep.first_mismatch()
+            layers_ok |= {n for n, st in rep.status.items() if st == "ok"}
         dt = time.perf_counter() - t0
         status = "PASS" if mism == 0 else "FAIL"
         bad += mism != 0
         print(f"{status} {sg.name}: target {dpu.target.name}, {len(dpu.instructions)} instructions, "
               f"{a.n} inputs, {compared} bytes compared, {mism} mismatching"
+              + f", {len(layers_ok)} stored layers matched"
               + (f", first mismatching layer {first}" if first else "")
               + f" ({dt:.2f} s)")
     return 1 if bad else 0
