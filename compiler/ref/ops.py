@@ -531,13 +531,8 @@ def _conv_like(ctx: _Ctx, transposed: bool) -> np.ndarray:
     groups = ctx.int_attr("group", 1)
     if groups < 1:
         raise ctx.error(f"bad group {groups}")
-    strides, dils, pads = _conv_geometry(ctx, x.shape[1:3], (kh, kw), transposed)
-    bias = _get_bias(ctx, O)
-    sc, sb_eff, fp_out = _conv_shifts(ctx, bias is not None)
-    nl, alpha, prelu = _conv_nonlinear(ctx)
-    mode = ctx.round_mode()
-    if transposed:
-        x, strides, pads = _transpose_input(ctx, x, (kh, kw), strides, dils, pads)
+    x, strides, dils, pads, bias, (sc, sb_eff, fp_out), (nl, alpha, prelu), mode = \
+        _conv_setup(ctx, x, (kh, kw), O, transposed)
     N, oh, ow, oc = ctx.out_shape
     if oc != O or N != x.shape[0]:
         raise ctx.error(f"output shape {list(ctx.out_shape)} does not match input batch "
@@ -546,6 +541,18 @@ def _conv_like(ctx: _Ctx, transposed: bool) -> np.ndarray:
     for n, r0, r1, acc in _conv_acc_chunks(ctx, x, w, groups, (oh, ow), strides, dils, pads):
         out[n, r0:r1] = _finish_conv(ctx, acc, bias, sc, sb_eff, fp_out, nl, alpha, prelu, mode)
     return out
+
+
+def _conv_setup(ctx: _Ctx, x: np.ndarray, kernel_hw, n_out: int, transposed: bool):
+    """Geometry, bias, shifts, nonlinearity and round mode shared by every conv-like op."""
+    strides, dils, pads = _conv_geometry(ctx, x.shape[1:3], kernel_hw, transposed)
+    bias = _get_bias(ctx, n_out)
+    shifts = _conv_shifts(ctx, bias is not None)
+    act = _conv_nonlinear(ctx)
+    mode = ctx.round_mode()
+    if transposed:
+        x, strides, pads = _transpose_input(ctx, x, kernel_hw, strides, dils, pads)
+    return x, strides, dils, pads, bias, shifts, act, mode
 
 
 def _transpose_input(ctx, x, kernel_hw, strides, dils, pads):
@@ -572,13 +579,8 @@ def _op_tconv2d_fix(ctx: _Ctx) -> np.ndarray:
 def _dwconv_like(ctx: _Ctx, transposed: bool) -> np.ndarray:
     x, w = _conv_operands(ctx)
     M, kh, kw, C = w.shape
-    strides, dils, pads = _conv_geometry(ctx, x.shape[1:3], (kh, kw), transposed)
-    bias = _get_bias(ctx, C * M)
-    sc, sb_eff, fp_out = _conv_shifts(ctx, bias is not None)
-    nl, alpha, prelu = _conv_nonlinear(ctx)
-    mode = ctx.round_mode()
-    if transposed:
-        x, strides, pads = _transpose_input(ctx, x, (kh, kw), strides, dils, pads)
+    x, strides, dils, pads, bias, (sc, sb_eff, fp_out), (nl, alpha, prelu), mode = \
+        _conv_setup(ctx, x, (kh, kw), C * M, transposed)
     N, oh, ow, oc = ctx.out_shape
     if oc != C * M or N != x.shape[0]:
         raise ctx.error(f"output shape {list(ctx.out_shape)} does not match input / weights "
