@@ -254,20 +254,15 @@ def main(argv: list[str] | None = None) -> int:
     from isa.target import TargetError
     from runtime.dpu import RuntimeErrorDPU
     from runtime.ops import OpError
+    from sim.executor import ExecError
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args) or 0)
     except BrokenPipeError:
         return 0
-    except (CliError, XModelError, IsaError, TargetError, RuntimeErrorDPU, OpError) as e:
+    except (CliError, XModelError, IsaError, TargetError, RuntimeErrorDPU, OpError, ExecError) as e:
         print(f"opendpu {args.cmd}: error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # executor / reference errors carry their own names
-        name = type(e).__name__
-        if name in ("ExecError", "RefError"):
-            print(f"opendpu {args.cmd}: error: {e}", file=sys.stderr)
-            return 2
-        raise
 
 
 if __name__ == "__main__":

@@ -60,15 +60,21 @@ def tensor_spec(t: Tensor, op_name: str) -> TensorSpec:
                       t.attrs.get("ddr_addr"), tuple(stride) if stride else None, op_name)
 
 
+def image_strides(spec: TensorSpec) -> tuple[int, ...]:
+    """Element strides of a tensor's DDR image: its `stride` attribute, else dense row-major (NHWC)."""
+    if spec.stride is not None:
+        return tuple(int(s) for s in spec.stride)
+    out, acc = [], 1
+    for d in reversed(spec.dims):
+        out.insert(0, acc)
+        acc *= d
+    return tuple(out)
+
+
 def ddr_view(buf: np.ndarray, spec: TensorSpec, what: str) -> np.ndarray:
     """Strided int8 view of a tensor's DDR image inside its register array (spec §8.3)."""
     dims = spec.dims
-    stride = spec.stride
-    if stride is None:       # dense NHWC
-        stride, acc = [], 1
-        for d in reversed(dims):
-            stride.insert(0, acc)
-            acc *= d
+    stride = image_strides(spec)
     if len(stride) != len(dims):
         raise RuntimeErrorDPU(f"{what} tensor {spec.name!r}: stride {list(stride)} does not match shape "
                               f"{list(dims)}")

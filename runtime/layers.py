@@ -14,7 +14,7 @@ import numpy as np
 
 from isa.fields import FIELD_INDEX
 from isa.program import OP_INDEX
-from runtime.dpu import DpuSubgraph, TensorSpec, ddr_view, tensor_spec
+from runtime.dpu import DpuSubgraph, TensorSpec, ddr_view, image_strides, tensor_spec
 
 _SAVE = OP_INDEX["SAVE"]
 _SF = FIELD_INDEX["SAVE"]
@@ -28,6 +28,7 @@ class _Watch:
     lo: int
     hi: int                     # inclusive byte range of the image
     size: int
+    stride: tuple               # element strides of the image (outermost first)
     strides_desc: list          # (stride, dim) sorted by stride descending, for membership tests
     pending: int = 0
     arm: int = 0
@@ -63,17 +64,12 @@ def _watch_list(dpu: DpuSubgraph) -> list[_Watch]:
             continue
         spec = tensor_spec(t, n)
         dims = spec.dims
-        stride = list(spec.stride) if spec.stride else None
-        if stride is None:
-            stride, acc = [], 1
-            for d in reversed(dims):
-                stride.insert(0, acc)
-                acc *= d
+        stride = image_strides(spec)
         lo = int(spec.ddr_addr or 0)
         hi = lo + sum((d - 1) * s for d, s in zip(dims, stride))
         size = int(np.prod(dims))
         sd = sorted(((int(s), int(d)) for s, d in zip(stride, dims) if d > 1), reverse=True)
-        out.append(_Watch(spec, lo, hi, size, sd, pending=size))
+        out.append(_Watch(spec, lo, hi, size, stride, sd, pending=size))
     return out
 
 
@@ -89,9 +85,7 @@ def _locate(w: _Watch, addr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rem = rem - q * s
     ok &= rem == 0
     flat = np.zeros_like(addr)
-    dims = w.spec.dims
-    stride = w.spec.stride or tuple(int(np.prod(dims[i + 1:])) for i in range(len(dims)))
-    for s, d in zip(stride, dims):
+    for s, d in zip(w.stride, w.spec.dims):
         flat = flat * d + (idx.get(int(s), 0) if d > 1 else 0)
     return ok, flat
 

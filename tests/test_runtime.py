@@ -178,3 +178,15 @@ def test_cli_run_int8_input_both_backends_agree(mnist_path, tmp_path):
         a = np.fromfile(tmp_path / f"dref{k}" / "quant_dense_1_softmax_fix.bin", np.int8)
         b = np.fromfile(tmp_path / f"dsim{k}" / "quant_dense_1_softmax_fix.bin", np.int8)
         assert a.size == 10 and np.array_equal(a, b)
+
+
+def test_cli_reports_executor_errors_by_instruction(mnist_path, tmp_path, capsys):
+    g = Graph.load(mnist_path)
+    sg = dpu_subgraphs(g)[0]
+    prog = decode(bytes(sg.attrs["mc_code"]))
+    prog[0].fields["reg_id"] = 7                      # a DDR register the subgraph never allocated
+    sg.attrs["mc_code"] = encode(prog)
+    g.save(str(tmp_path / "bad.xmodel"))
+    assert cli(["check", str(tmp_path / "bad.xmodel"), "-n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "instruction 0 (LOAD): field reg_id=7" in err and "REG_7" in err

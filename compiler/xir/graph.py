@@ -6,6 +6,7 @@ from a file is remembered, so `save(load(f))` decodes to the same content as `f`
 """
 from __future__ import annotations
 
+import heapq
 import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -345,10 +346,8 @@ class Graph:
         selset = set(sel)
         indeg = {n: sum(1 for p in self.ops[n].input_ops() if p in selset) for n in sel}
         order = {n: i for i, n in enumerate(sel)}
-        ready = sorted((n for n in sel if indeg[n] == 0), key=order.get)
         out = []
-        import heapq
-        heap = [(order[n], n) for n in ready]
+        heap = [(order[n], n) for n in sel if indeg[n] == 0]
         heapq.heapify(heap)
         while heap:
             _, n = heapq.heappop(heap)
