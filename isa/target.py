@@ -36,6 +36,57 @@ PRESET_FINGERPRINTS = {
 }
 
 
+@dataclass(frozen=True)
+class Timing:
+    """Timing parameters of one DPU core (docs/microarchitecture.md); read only by the cycle model and RTL.
+
+    Defaults are first-order, uncalibrated values for a ZynqMP DPUCZDX8G at 300 MHz (spec §6.9 [inferred]).
+    """
+
+    clock_mhz: float = 300.0        # core clock (m_axi_dpu_aclk)
+    dsp_clock_mult: int = 2         # DSP clock = 2x core clock: each DSP does 2 MACs per core cycle (information)
+    cores: int = 1                  # DPU cores; each runs its own batch element
+    fetch_latency: int = 16         # INSTR port: cycles from a word request to its arrival
+    fetch_fifo_words: int = 32      # instruction FIFO (32-bit words) between fetch and dispatch
+    queue_depth: int = 4            # per-engine instruction queue (LOAD, SAVE, CONV, MISC)
+    ddr_latency: int = 60           # data ports: read latency to the first beat, and write-response latency
+    ddr_bytes_per_cycle: int = 16   # per AXI data port and direction (128-bit HP port at the core clock)
+    ddr_ports: int = 2              # AXI data ports (hp_id 0/1)
+    load_setup: int = 4             # LOAD descriptor decode and address generation
+    save_setup: int = 4
+    conv_latency: int = 16          # CONV pipeline fill + drain (bank read, DSP cascade, bias/shift/act, write)
+    alu_latency: int = 12
+    elew_latency: int = 8
+    init_cycles: int = 1            # CONVINIT / ALUINIT / ELEWINIT
+    end_cycles: int = 1
+    watchdog_cycles: int = 1 << 40  # a run longer than this is stopped and reported
+
+    def __post_init__(self):
+        for k, v in self.__dict__.items():
+            if k == "clock_mhz":
+                if not v > 0:
+                    raise TargetError(f"timing clock_mhz must be > 0, got {v}")
+            elif not isinstance(v, int) or isinstance(v, bool):
+                raise TargetError(f"timing {k} must be an integer, got {v!r}")
+            elif k in ("fetch_fifo_words",) and v < 6:
+                raise TargetError(f"timing fetch_fifo_words must be >= 6 (the longest instruction), got {v}")
+            elif k in ("cores", "queue_depth", "ddr_bytes_per_cycle", "ddr_ports", "dsp_clock_mult",
+                       "watchdog_cycles", "init_cycles", "end_cycles") and v < 1:
+                raise TargetError(f"timing {k} must be >= 1, got {v}")
+            elif v < 0:
+                raise TargetError(f"timing {k} must be >= 0, got {v}")
+
+    def replace(self, **kw) -> "Timing":
+        bad = set(kw) - set(self.__dataclass_fields__)
+        if bad:
+            raise TargetError(f"unknown timing parameter(s) {sorted(bad)}; known: "
+                              f"{', '.join(self.__dataclass_fields__)}")
+        return replace(self, **kw)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
 class TargetError(ValueError):
     """An unknown target name, an undecodable fingerprint or an unusable arch.json."""
 
@@ -62,8 +113,12 @@ class Target:
     alu_wp: int = 1
     name: str = ""
     fingerprint: int | None = None
-    # Timing parameters (read by the cycle model; no functional effect).
-    timing: dict = field(default_factory=dict, compare=False, hash=False)
+    # Timing parameters (read by the cycle model and the RTL; no functional effect).
+    timing: Timing = field(default_factory=lambda: Timing(), compare=False, hash=False)
+
+    def with_timing(self, **kw) -> "Target":
+        """The same configuration with some timing parameters changed (clock, DDR, queues, ...)."""
+        return replace(self, timing=self.timing.replace(**kw))
 
     # ---- derived constants -------------------------------------------------------------------
     @property
@@ -201,7 +256,7 @@ class Target:
                     alu_pixel_parallel=self.alu_pp, bank_depth=self.bank_depth, img_bank_groups=self.img_bg,
                     num_banks=self.num_banks, peak_ops_per_cycle=self.peak_ops_per_cycle,
                     ld_augm=self.ld_augm, cv_lkrl=self.cv_lkrl, dw_lkrl=self.dw_lkrl, argmax=self.argmax,
-                    bank_groups=self.bank_groups())
+                    bank_groups=self.bank_groups(), timing=self.timing.to_dict())
 
     # ---- constructors ---------------------------------------------------------------------
     @classmethod
@@ -280,11 +335,18 @@ class Target:
         if not isinstance(d, dict):
             raise TargetError(f"arch.json {path}: expected a JSON object")
         if "target" in d:
-            return cls.from_name(str(d["target"]))
-        if "fingerprint" in d:
-            return cls.from_fingerprint(d["fingerprint"] if isinstance(d["fingerprint"], str)
-                                        else int(d["fingerprint"]))
-        raise TargetError(f"arch.json {path}: needs a 'target' or a 'fingerprint' key")
+            t = cls.from_name(str(d["target"]))
+        elif "fingerprint" in d:
+            t = cls.from_fingerprint(d["fingerprint"] if isinstance(d["fingerprint"], str)
+                                     else int(d["fingerprint"]))
+        else:
+            raise TargetError(f"arch.json {path}: needs a 'target' or a 'fingerprint' key")
+        tm = d.get("timing")
+        if tm is not None:       # opendpu extension: timing parameters for the cycle model
+            if not isinstance(tm, dict):
+                raise TargetError(f"arch.json {path}: 'timing' must be an object")
+            t = t.with_timing(**tm)
+        return t
 
     def write_arch_json(self, path: str, form: str = "fingerprint") -> None:
         """Write arch.json; form 'target' (registered name) or 'fingerprint' (hex)."""

@@ -171,8 +171,12 @@ class DpuMachine:
         }
 
     # ---- execution ---------------------------------------------------------------------------------
-    def run(self, prog: ProgramArrays, start: int = 0, stop: int | None = None) -> None:
-        """Execute instructions [start, stop) in program order; stops early after END."""
+    def run(self, prog: ProgramArrays, start: int = 0, stop: int | None = None,
+            index_map: np.ndarray | None = None) -> None:
+        """Execute instructions [start, stop) in array order; stops early after END.
+
+        `index_map[i]` is the instruction number reported in errors for array row i (for a program that
+        was reordered, e.g. into the start order of the cycle model)."""
         n = len(prog)
         if stop is None or stop > n:
             stop = n
@@ -192,10 +196,12 @@ class DpuMachine:
         self.pc = int(self._status[0])
         self.ended = bool(self._status[1])
         if self._err[0] != 0:
-            raise self._make_error()
+            raise self._make_error(index_map)
 
-    def _make_error(self) -> ExecError:
+    def _make_error(self, index_map=None) -> ExecError:
         kind, idx, opi, col, v, lo, hi, aux = (int(x) for x in self._err)
+        if index_map is not None:
+            idx = int(index_map[idx])
         mn = OPS[opi].mnemonic
         fname = FIELDS[mn][col].name if col >= 0 else None
         t = self.target

@@ -1,0 +1,282 @@
+"""Numba kernels of the cycle model (docs/microarchitecture.md): per-instruction cost, then the schedule.
+
+`costs` turns each instruction into its busy time in core cycles (formulas of §3 of the document) and
+its DDR traffic; `schedule` computes fetch, dispatch, start, end and retire cycles of every instruction
+under in-order fetch/dispatch, in-order engines and the dependency-token counters of spec §5.2. All
+times are exact integers; the schedule is the least solution of max-plus constraints, evaluated in
+dependency order (a worklist), so its cost is linear in the program length, not in the cycle count.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from isa.fields import FIELD_INDEX, OPS
+from . import _kernels as K
+
+ENGINE_OF_OP = np.array([o.engine for o in OPS], np.int64)
+WORDS_OF_OP = np.array([o.words for o in OPS], np.int64)
+SV_HP = FIELD_INDEX["SAVE"]["hp_id"]
+NENG = 4
+LOAD_E, SAVE_E, CONV_E, MISC_E = 0, 1, 2, 3
+
+# timing parameter vector (filled from isa.target.Timing by sim/timing.py)
+(TM_FETCH_LAT, TM_FIFO, TM_QUEUE, TM_DDR_LAT, TM_DDR_BPC, TM_PORTS, TM_LD_SETUP, TM_SV_SETUP, TM_CONV_LAT,
+ TM_ALU_LAT, TM_ELEW_LAT, TM_INIT, TM_END, TM_WATCHDOG) = range(14)
+NTM = 14
+
+# status codes of `schedule`
+ST_OK, ST_DEADLOCK, ST_WATCHDOG = 0, 1, 2
+# cost errors
+CE_NONE, CE_NOINIT, CE_LEGACY = 0, 1, 2
+
+
+@njit(cache=True)
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+@njit(cache=True)
+def costs(op, fl, stop, tp, tm, cost, port, ddr_reg, ddr_rd, ddr_wr, err):
+    """cost[i] = busy cycles of instruction i; port[i] = AXI port of a SAVE (-1 otherwise);
+    ddr_reg/ddr_rd/ddr_wr = register and bytes read/written. err = (kind, index, op) on failure."""
+    w = tp[K.T_CP]
+    lat = tm[TM_DDR_LAT]
+    bpc = tm[TM_DDR_BPC]
+    ports = tm[TM_PORTS]
+    conv_kh = -1
+    conv_kw = -1
+    alu_k = -1
+    alu_cg = 0
+    alu_len = 0
+    for i in range(stop):
+        o = op[i]
+        f = fl[i]
+        port[i] = -1
+        ddr_reg[i] = -1
+        ddr_rd[i] = 0
+        ddr_wr[i] = 0
+        if o == K.OP_LOAD:
+            length = f[K.LD_LENGTH]
+            ch = f[K.LD_CHANNEL]
+            lines = _cdiv(ch, w)
+            if f[K.LD_BCAST] == 7:
+                cost[i] = tm[TM_LD_SETUP] + length * lines
+            else:
+                jr = f[K.LD_JR]
+                aug = jr <= ch and ch <= 64
+                first_end = length - f[K.LD_PAD_IDX]
+                cw = lines * w
+                cyc = 0
+                nb = 0
+                for it in range(length):
+                    lo, hi = K._load_span(it, ch, aug, f[K.LD_PAD_START], f[K.LD_PAD_END], jr, first_end, cw)
+                    b = hi - lo if hi > lo else 0
+                    beats = _cdiv(b, bpc * ports)
+                    cyc += beats if beats > lines else lines
+                    nb += b
+                cost[i] = tm[TM_LD_SETUP] + lat + cyc
+                ddr_reg[i] = f[K.LD_REG]
+                ddr_rd[i] = nb
+        elif o == K.OP_SAVE:
+            length = f[K.SV_LENGTH]
+            ch = f[K.SV_CHANNEL]
+            if f[K.SV_CONST_EN] != 0:
+                lines = 0
+                nb = ch
+            elif (f[K.SV_ARGMAX] & 2) != 0:
+                lines = _cdiv(ch, w)
+                nb = 1
+            else:
+                lines = _cdiv(ch, w)
+                nb = ch
+            beats = _cdiv(nb, bpc)
+            per = beats if beats > lines else lines
+            cost[i] = tm[TM_SV_SETUP] + length * per + lat
+            port[i] = f[SV_HP] % ports
+            ddr_reg[i] = f[K.SV_REG]
+            ddr_wr[i] = length * nb
+        elif o == K.OP_CONVINIT:
+            conv_kh = f[K.CI_KH]
+            conv_kw = f[K.CI_KW]
+            cost[i] = tm[TM_INIT]
+        elif o == K.OP_CONV:
+            if conv_kh < 0:
+                err[0] = CE_NOINIT
+                err[1] = i
+                err[2] = o
+                return
+            cost[i] = tm[TM_CONV_LAT] + f[K.CV_LEN] * conv_kh * conv_kw * f[K.CV_CG]
+        elif o == K.OP_ALUINIT:
+            alu_k = f[K.AI_KH] * f[K.AI_KW]
+            alu_cg = f[K.AI_CG]
+            alu_len = f[K.AI_LEN]
+            cost[i] = tm[TM_INIT]
+        elif o == K.OP_ALU:
+            if alu_k < 0:
+                err[0] = CE_NOINIT
+                err[1] = i
+                err[2] = o
+                return
+            cost[i] = tm[TM_ALU_LAT] + alu_len * alu_k * f[K.AL_KD] * alu_cg
+        elif o == K.OP_ELEWINIT:
+            cost[i] = tm[TM_INIT]
+        elif o == K.OP_ELEW:
+            cost[i] = tm[TM_ELEW_LAT] + f[K.EW_LEN] * f[K.EW_CG] * f[K.EW_NUM]
+        elif o == K.OP_END:
+            cost[i] = tm[TM_END]
+        else:
+            err[0] = CE_LEGACY
+            err[1] = i
+            err[2] = o
+            return
+
+
+@njit(cache=True)
+def schedule(eng, dpdon, dpdby, words, cost, port, n, tm, fetch, disp, start, end, ret, st_tok, st_q, st_ddr,
+             info, tok):
+    """Fetch/dispatch/start/end/retire cycles of instructions 0..n-1 (docs/microarchitecture.md §2).
+
+    Returns ST_OK, ST_DEADLOCK or ST_WATCHDOG. info = [first undispatched instruction, head instruction of
+    each engine (4), instructions scheduled, watchdog instruction]; tok[0] = waits consumed and tok[1] =
+    signals delivered per (producer, consumer) pair.
+    """
+    lf = tm[TM_FETCH_LAT]
+    fifo = tm[TM_FIFO]
+    qd = tm[TM_QUEUE]
+    wd = tm[TM_WATCHDOG]
+    nports = tm[TM_PORTS]
+    cnt = np.zeros(NENG, np.int64)
+    pos = np.empty(n, np.int64)
+    for k in range(n):
+        pos[k] = cnt[eng[k]]
+        cnt[eng[k]] += 1
+    off = np.zeros(NENG + 1, np.int64)
+    for ee in range(NENG):
+        off[ee + 1] = off[ee] + cnt[ee]
+    elist = np.empty(n, np.int64)
+    for k in range(n):
+        elist[off[eng[k]] + pos[k]] = k
+    ws = np.empty(n, np.int64)
+    nw = 0
+    for k in range(n):
+        ws[k] = nw
+        nw += words[k]
+    owner = np.empty(nw, np.int64)
+    for k in range(n):
+        for j in range(ws[k], ws[k] + words[k]):
+            owner[j] = k
+    maxsig = 1
+    for ee in range(NENG):
+        if cnt[ee] > maxsig:
+            maxsig = cnt[ee]
+    sig = np.empty((NENG * NENG, maxsig), np.int64)
+    nsig = np.zeros((NENG, NENG), np.int64)
+    nwait = np.zeros((NENG, NENG), np.int64)
+    head = np.zeros(NENG, np.int64)
+    prev_end = np.zeros(NENG, np.int64)
+    prev_ret = np.zeros(NENG, np.int64)
+    prev_start = np.full(NENG, -1, np.int64)
+    port_free = np.zeros(nports, np.int64)
+    a_prev = lf - 1
+    nd = 0
+    nsched = 0
+    status = ST_OK
+    info[6] = -1
+    while nsched < n:
+        progress = False
+        # ---- fetch + dispatch, in stream order -------------------------------------------------
+        while nd < n:
+            k = nd
+            ek = eng[k]
+            qready = 0
+            if pos[k] >= qd:
+                if head[ek] <= pos[k] - qd:          # the instruction qd places ahead has not started
+                    break
+                qready = start[elist[off[ek] + pos[k] - qd]] + 1
+            a = a_prev
+            for j in range(ws[k], ws[k] + words[k]):
+                cr = lf if j < fifo else disp[owner[j - fifo]] + lf
+                a = a + 1 if a + 1 > cr else cr
+            a_prev = a
+            fetch[k] = a
+            base = a + 1
+            if k > 0 and disp[k - 1] + 1 > base:
+                base = disp[k - 1] + 1
+            dk = base if base > qready else qready
+            st_q[k] = dk - base
+            disp[k] = dk
+            nd += 1
+            progress = True
+        # ---- engines: start the head of each queue when it may ------------------------------
+        for ee in range(NENG):
+            while head[ee] < cnt[ee]:
+                h = elist[off[ee] + head[ee]]
+                if h >= nd:
+                    break
+                b = disp[h] + 1
+                if ee == SAVE_E and ((dpdon[h] >> SAVE_E) & 1) == 0:
+                    av = prev_start[ee] + 1
+                elif ee == SAVE_E:
+                    av = prev_ret[ee]
+                else:
+                    av = prev_end[ee]
+                if av > b:
+                    b = av
+                tt = b
+                ok = True
+                for p in range(NENG):
+                    if p != ee and ((dpdon[h] >> p) & 1) != 0:
+                        m = nwait[p, ee]
+                        if nsig[p, ee] <= m:
+                            ok = False
+                            break
+                        t = sig[p * NENG + ee, m]
+                        if t > tt:
+                            tt = t
+                if not ok:
+                    break
+                st_tok[h] = tt - b
+                t2 = tt
+                pp = port[h]
+                if pp >= 0 and port_free[pp] > t2:
+                    t2 = port_free[pp]
+                st_ddr[h] = t2 - tt
+                start[h] = t2
+                end[h] = t2 + cost[h]
+                rr = end[h] if end[h] > prev_ret[ee] else prev_ret[ee]
+                ret[h] = rr
+                for p in range(NENG):
+                    if p != ee and ((dpdon[h] >> p) & 1) != 0:
+                        nwait[p, ee] += 1
+                    if p != ee and ((dpdby[h] >> p) & 1) != 0:
+                        sig[ee * NENG + p, nsig[ee, p]] = rr
+                        nsig[ee, p] += 1
+                if pp >= 0:
+                    port_free[pp] = end[h]
+                prev_end[ee] = end[h]
+                prev_ret[ee] = rr
+                prev_start[ee] = t2
+                head[ee] += 1
+                nsched += 1
+                progress = True
+                if rr > wd:
+                    status = ST_WATCHDOG
+                    info[6] = h
+                    break
+            if status != ST_OK:
+                break
+        if status != ST_OK:
+            break
+        if not progress:
+            status = ST_DEADLOCK
+            break
+    info[0] = nd
+    for ee in range(NENG):
+        info[1 + ee] = elist[off[ee] + head[ee]] if head[ee] < cnt[ee] else -1
+    info[5] = nsched
+    for p in range(NENG):
+        for c in range(NENG):
+            tok[0, p, c] = nwait[p, c]
+            tok[1, p, c] = nsig[p, c]
+    return status

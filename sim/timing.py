@@ -1,0 +1,271 @@
+"""Cycle model of one DPUCZDX8G core (docs/microarchitecture.md): when every instruction runs.
+
+`simulate(program, target)` gives a `Schedule`: per-instruction fetch, dispatch, start, end and retire
+cycles, stalls by cause, DDR traffic per register, engine busy time and the host-visible counters of the
+register map (spec §2.7). With a `DpuMachine` it also executes the program functionally, in the order in
+which the instructions start in the schedule, so results are checked under the timed order. A program
+whose tokens can never be satisfied raises `DeadlockError` naming the blocked instructions; a run longer
+than `Timing.watchdog_cycles` raises `WatchdogError`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from isa.fields import ENGINE_NAMES, OPS
+from isa.program import Instruction, OP_INDEX, ProgramArrays, to_arrays
+from isa.target import Target
+
+from . import _timing as T
+from .executor import DpuMachine, ExecError, _target_params
+
+ENGINES = ENGINE_NAMES            # ("LOAD", "SAVE", "CONV", "MISC"), spec §5.1
+_END = OP_INDEX["END"]
+
+
+class DeadlockError(RuntimeError):
+    """No engine can make progress: every non-empty queue waits for a token that cannot come."""
+
+    def __init__(self, msg: str, blocked: list[dict], schedule: "Schedule"):
+        super().__init__(msg)
+        self.blocked = blocked
+        self.schedule = schedule
+
+
+class WatchdogError(RuntimeError):
+    """The run exceeded Timing.watchdog_cycles."""
+
+
+def timing_vector(target: Target) -> np.ndarray:
+    tm = target.timing
+    v = np.zeros(T.NTM, np.int64)
+    v[T.TM_FETCH_LAT] = tm.fetch_latency
+    v[T.TM_FIFO] = tm.fetch_fifo_words
+    v[T.TM_QUEUE] = tm.queue_depth
+    v[T.TM_DDR_LAT] = tm.ddr_latency
+    v[T.TM_DDR_BPC] = tm.ddr_bytes_per_cycle
+    v[T.TM_PORTS] = tm.ddr_ports
+    v[T.TM_LD_SETUP] = tm.load_setup
+    v[T.TM_SV_SETUP] = tm.save_setup
+    v[T.TM_CONV_LAT] = tm.conv_latency
+    v[T.TM_ALU_LAT] = tm.alu_latency
+    v[T.TM_ELEW_LAT] = tm.elew_latency
+    v[T.TM_INIT] = tm.init_cycles
+    v[T.TM_END] = tm.end_cycles
+    v[T.TM_WATCHDOG] = tm.watchdog_cycles
+    return v
+
+
+@dataclass
+class Schedule:
+    """The timed execution of one program (all times in core cycles from ap_start)."""
+
+    target: Target
+    op: np.ndarray
+    engine: np.ndarray
+    cost: np.ndarray
+    fetch: np.ndarray
+    dispatch: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    retire: np.ndarray
+    stall_token: np.ndarray
+    stall_queue: np.ndarray
+    stall_ddr: np.ndarray
+    port: np.ndarray
+    ddr_reg: np.ndarray
+    ddr_read: np.ndarray
+    ddr_write: np.ndarray
+    complete: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.op)
+
+    @property
+    def total_cycles(self) -> int:
+        """Cycles from ap_start until END retires (ap_done), i.e. the EXEC_CYCLE register."""
+        if not len(self.op):
+            return 0
+        ends = np.nonzero(self.op == _END)[0]
+        if len(ends):
+            return int(self.retire[ends[0]])
+        return int(self.retire.max())
+
+    @property
+    def clock_mhz(self) -> float:
+        return float(self.target.timing.clock_mhz)
+
+    @property
+    def latency_ms(self) -> float:
+        return self.total_cycles / (self.clock_mhz * 1e3)
+
+    def engine_busy(self) -> dict[str, int]:
+        """Cycles in which each engine executes at least one instruction (union of [start, end))."""
+        out = {}
+        for e, name in enumerate(ENGINES):
+            m = self.engine == e
+            out[name] = _union_length(self.start[m], self.end[m])
+        return out
+
+    def engine_stalls(self) -> dict[str, dict[str, int]]:
+        """Per engine: cycles its instructions waited for tokens / DDR ports; dispatch waits on a full queue."""
+        out = {}
+        for e, name in enumerate(ENGINES):
+            m = self.engine == e
+            out[name] = dict(token=int(self.stall_token[m].sum()), ddr=int(self.stall_ddr[m].sum()),
+                             queue_full=int(self.stall_queue[m].sum()), instructions=int(m.sum()))
+        return out
+
+    def ddr_bytes(self) -> dict[str, dict[int, int]]:
+        rd, wr = {}, {}
+        for r in range(8):
+            m = self.ddr_reg == r
+            b = int(self.ddr_read[m].sum())
+            if b:
+                rd[r] = b
+            b = int(self.ddr_write[m].sum())
+            if b:
+                wr[r] = b
+        return {"read": rd, "write": wr}
+
+    def counters(self) -> dict[str, int]:
+        """Host register map after the run (spec §2.7): per-engine START/END = instructions started /
+        completed by that engine (our decision, docs/decisions.md), EXEC_CYCLE = total cycles (64 bit)."""
+        out = {}
+        for e, short in zip(range(4), "LSCM"):
+            m = self.engine == e
+            out[f"{short}START"] = int(m.sum())
+            out[f"{short}END"] = int(m.sum())
+        cyc = self.total_cycles
+        out["EXEC_CYCLE_LO"] = cyc & 0xFFFFFFFF
+        out["EXEC_CYCLE_HI"] = cyc >> 32
+        return out
+
+    def summary(self) -> dict:
+        return dict(target=self.target.name, clock_mhz=self.clock_mhz, instructions=len(self),
+                    total_cycles=self.total_cycles, latency_ms=self.latency_ms,
+                    sum_of_costs=int(self.cost.sum()), engine_busy=self.engine_busy(),
+                    stalls=self.engine_stalls(),
+                    ddr_bytes={k: {f"REG_{r}": b for r, b in v.items()} for k, v in self.ddr_bytes().items()},
+                    counters=self.counters(), timing=self.target.timing.to_dict())
+
+    def instruction_rows(self) -> list[dict]:
+        """One row per instruction, stable column names (CSV)."""
+        rows = []
+        for i in range(len(self)):
+            rows.append(dict(index=i, op=OPS[int(self.op[i])].mnemonic, engine=ENGINES[int(self.engine[i])],
+                             fetch=int(self.fetch[i]), dispatch=int(self.dispatch[i]), start=int(self.start[i]),
+                             end=int(self.end[i]), retire=int(self.retire[i]), cost=int(self.cost[i]),
+                             stall_token=int(self.stall_token[i]), stall_queue=int(self.stall_queue[i]),
+                             stall_ddr=int(self.stall_ddr[i]), ddr_reg=int(self.ddr_reg[i]),
+                             ddr_read=int(self.ddr_read[i]), ddr_write=int(self.ddr_write[i])))
+        return rows
+
+
+def _union_length(s: np.ndarray, e: np.ndarray) -> int:
+    if not len(s):
+        return 0
+    o = np.argsort(s, kind="stable")
+    s, e = s[o], e[o]
+    reach = np.maximum.accumulate(e)
+    prev = np.concatenate(([s[0]], reach[:-1]))
+    return int(np.sum(np.maximum(0, e - np.maximum(s, prev)).clip(min=0)))
+
+
+def _as_arrays(program) -> ProgramArrays:
+    if isinstance(program, ProgramArrays):
+        return program
+    if isinstance(program, (list, tuple)) and (not program or isinstance(program[0], Instruction)):
+        return to_arrays(list(program))
+    raise TypeError(f"expected ProgramArrays or a list of Instruction, got {type(program).__name__}")
+
+
+def simulate(program, target: Target, machine: DpuMachine | None = None) -> Schedule:
+    """Time `program` on `target` (through its first END); execute it on `machine` too if one is given.
+
+    Timing depends only on the instruction fields, never on data, so timing-only mode (no machine) is
+    what sweeps use. Functional execution happens in schedule start order (ties in program order).
+    """
+    prog = _as_arrays(program)
+    op = np.ascontiguousarray(prog.op, dtype=np.int64)
+    fl = np.ascontiguousarray(prog.fields, dtype=np.int64)
+    if len(op) and (int(op.min()) < 0 or int(op.max()) >= len(OPS)):
+        raise ValueError(f"ProgramArrays.op holds values outside 0..{len(OPS) - 1}")
+    ends = np.nonzero(op == _END)[0]
+    n = int(ends[0]) + 1 if len(ends) else len(op)
+    tp = _target_params(target)
+    tm = timing_vector(target)
+    cost = np.zeros(n, np.int64)
+    port = np.zeros(n, np.int64)
+    ddr_reg = np.zeros(n, np.int64)
+    ddr_rd = np.zeros(n, np.int64)
+    ddr_wr = np.zeros(n, np.int64)
+    err = np.zeros(3, np.int64)
+    T.costs(op, fl, n, tp, tm, cost, port, ddr_reg, ddr_rd, ddr_wr, err)
+    if err[0] != T.CE_NONE:
+        i, mn = int(err[1]), OPS[int(err[2])].mnemonic
+        if err[0] == T.CE_NOINIT:
+            init = "CONVINIT" if mn == "CONV" else "ALUINIT"
+            raise ExecError(i, mn, None, f"{mn} before any {init} (no {init} state, spec §5.3)")
+        raise ExecError(i, mn, None, f"{mn} is not usable on ISA1 targets (no pool/dwconv engine, spec §3.4)")
+    eng = T.ENGINE_OF_OP[op[:n]]
+    words = T.WORDS_OF_OP[op[:n]]
+    on = np.ascontiguousarray(prog.dpdon[:n], dtype=np.int64)
+    by = np.ascontiguousarray(prog.dpdby[:n], dtype=np.int64)
+    arrs = [np.zeros(n, np.int64) for _ in range(8)]
+    info = np.zeros(8, np.int64)
+    tok = np.zeros((2, 4, 4), np.int64)
+    status = T.schedule(eng, on, by, words, cost, port, n, tm, *arrs, info, tok)
+    fetch, disp, start, end, ret, st_tok, st_q, st_ddr = arrs
+    sched = Schedule(target, op[:n].copy(), eng, cost, fetch, disp, start, end, ret, st_tok, st_q, st_ddr,
+                     port, ddr_reg, ddr_rd, ddr_wr, complete=status == T.ST_OK)
+    if status == T.ST_DEADLOCK:
+        raise _deadlock(sched, info, tok, on, tm)
+    if status == T.ST_WATCHDOG:
+        h = int(info[6])
+        raise WatchdogError(f"watchdog: instruction {h} ({OPS[int(op[h])].mnemonic}) retires at cycle "
+                            f"{int(ret[h])}, beyond watchdog_cycles={target.timing.watchdog_cycles}")
+    if machine is not None:
+        _execute_in_start_order(machine, prog, sched, n)
+    return sched
+
+
+def _execute_in_start_order(machine: DpuMachine, prog: ProgramArrays, sched: Schedule, n: int) -> None:
+    idx = np.arange(n)
+    order = np.lexsort((idx, sched.start))
+    if sched.op[-1] == _END:                   # END retires last (done); keep it last for the executor
+        order = np.concatenate((order[order != n - 1], [n - 1]))
+    p = ProgramArrays(prog.op[order], prog.dpdon[order], prog.dpdby[order], prog.fields[order])
+    machine.run(p, index_map=order)
+
+
+def _deadlock(sched: Schedule, info, tok, dpdon, tm) -> DeadlockError:
+    nd, nsched = int(info[0]), int(info[5])
+    blocked, parts = [], []
+    for e, name in enumerate(ENGINES):
+        h = int(info[1 + e])
+        if h < 0 or h >= nd:
+            continue
+        waits = []
+        for p in range(4):
+            if p != e and (int(dpdon[h]) >> p) & 1 and tok[1, p, e] <= tok[0, p, e]:
+                waits.append(dict(producer=ENGINES[p], token=int(tok[0, p, e]) + 1, signalled=int(tok[1, p, e])))
+        mn = OPS[int(sched.op[h])].mnemonic
+        blocked.append(dict(index=h, op=mn, engine=name, waits=waits))
+        w = "; ".join(f"token #{x['token']} {x['producer']}->{name} (only {x['signalled']} signalled)"
+                      for x in waits)
+        parts.append(f"instruction {h} ({mn}) at the head of the {name} queue waits for {w}")
+    if nd < len(sched.op):
+        e = int(sched.engine[nd])
+        mn = OPS[int(sched.op[nd])].mnemonic
+        blocked.append(dict(index=nd, op=mn, engine=ENGINES[e], waits=[], queue_full=True))
+        parts.append(f"dispatch is stuck at instruction {nd} ({mn}): the {ENGINES[e]} queue is full "
+                     f"(depth {int(tm[T.TM_QUEUE])})")
+    msg = (f"deadlock: {nsched} of {len(sched.op)} instructions started, then no engine can proceed: "
+           + "; ".join(parts))
+    return DeadlockError(msg, blocked, sched)
+
+
+__all__ = ["simulate", "Schedule", "DeadlockError", "WatchdogError", "ENGINES", "timing_vector"]
