@@ -51,7 +51,7 @@ def _find_golden(gdir: str, name: str) -> str | None:
 def cmd_run(a) -> int:
     from runtime.runner import GraphRunner
     g = _load_graph(a.model)
-    gr = GraphRunner(g, backend=a.backend, target=a.target)
+    gr = GraphRunner(g, backend=a.backend, target=a.target, timing=_timing_overrides(a))
     specs = gr.get_inputs()
     inputs = []
     paths = a.input or []
@@ -80,7 +80,12 @@ def cmd_run(a) -> int:
     dt = time.perf_counter() - t0
     if a.output:
         np.savez(a.output, **res.outputs)
-    print(f"ran {a.model} on backend {a.backend} in {dt * 1e3:.2f} ms")
+    print(f"ran {a.model} on backend {a.backend} in {dt * 1e3:.2f} ms (host time)")
+    for name, r in gr.runners.items():
+        st = r.stats
+        if "cycles" in st:
+            print(f"  DPU subgraph {name}: {st['cycles']} cycles = {st['latency_ms']:.3f} ms at "
+                  f"{st['clock_mhz']:g} MHz on {r.target.name}")
     for name, v in res.outputs.items():
         flat = v.reshape(-1)
         extra = f", argmax {int(np.argmax(flat))}" if flat.size <= 1000 else ""
@@ -202,6 +207,49 @@ def cmd_xmodel(a) -> int:
     return 0
 
 
+def _timing_overrides(a) -> dict:
+    tm = {}
+    for kv in a.timing or []:
+        if "=" not in kv:
+            raise CliError(f"--timing {kv!r}: expected key=value (e.g. ddr_latency=80)")
+        k, v = kv.split("=", 1)
+        try:
+            tm[k.strip()] = float(v) if k.strip() == "clock_mhz" else int(v, 0)
+        except ValueError:
+            raise CliError(f"--timing {kv!r}: value must be a number") from None
+    if getattr(a, "clock_mhz", None) is not None:
+        tm["clock_mhz"] = a.clock_mhz
+    return tm
+
+
+def cmd_profile(a) -> int:
+    from isa.target import get_target
+    from runtime.profile import profile_graph
+    g = _load_graph(a.model)
+    tgt = get_target(a.target) if a.target else None
+    prof = profile_graph(g, target=tgt, timing=_timing_overrides(a), model=os.path.basename(a.model))
+    text = prof.table()
+    print(text)
+    for sp in prof.subgraphs:
+        s = sp.schedule
+        busy = s.engine_busy()
+        q = sp.attribution_quality()
+        print(f"\n{sp.name}: {len(s)} instructions on {sp.target.name}, {s.total_cycles} cycles, "
+              f"{s.latency_ms:.3f} ms at {s.clock_mhz:g} MHz; engine busy "
+              + ", ".join(f"{k} {100 * v / max(1, s.total_cycles):.0f}%" for k, v in busy.items())
+              + f"; layer attribution matched {q['matched']}/{q['compute_ops']} compute ops")
+    if a.txt:
+        with open(a.txt, "w") as f:
+            f.write(text + "\n")
+    for path, fn, what in ((a.trace, prof.write_trace, "Perfetto trace"), (a.json, prof.write_json, "JSON"),
+                           (a.csv, prof.write_csv, "CSV"), (a.instructions, prof.write_instructions_csv,
+                                                            "per-instruction CSV"), (a.plot, prof.plot, "plot")):
+        if path:
+            fn(path)
+            print(f"wrote {what} to {path}")
+    return 0
+
+
 def cmd_targets(a) -> int:
     from isa.target import PRESETS, Target
     ts = [Target.from_name(n) for n in PRESETS]
@@ -227,6 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--target", help="preset name, fingerprint or arch.json (must match the model)")
     r.add_argument("--dump", help="write every DPU-subgraph and per-layer output (.bin + .txt) here")
     r.add_argument("--golden", help="compare per layer with the golden .bin files in this directory")
+    r.add_argument("--clock-mhz", type=float, help="core clock for the reported latency (sim backend)")
+    r.add_argument("--timing", action="append", metavar="KEY=VALUE", help="override a timing parameter")
     r.set_defaults(fn=cmd_run)
     c = sub.add_parser("check", help="compare sim and ref on random inputs for every DPU subgraph")
     c.add_argument("model")
@@ -242,6 +292,20 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("model")
     x.add_argument("-v", "--verbose", action="store_true", help="list the ops of DPU subgraphs too")
     x.set_defaults(fn=cmd_xmodel)
+    pr = sub.add_parser("profile", help="cycle-model profile: vaitrace text summary, trace, plot, JSON/CSV")
+    pr.add_argument("model")
+    pr.add_argument("--target", help="preset, fingerprint or arch.json (may carry a 'timing' object); "
+                                     "must match the model's fingerprint")
+    pr.add_argument("--clock-mhz", type=float, help="core clock (default from the target, 300)")
+    pr.add_argument("--timing", action="append", metavar="KEY=VALUE",
+                    help="override a timing parameter (docs/microarchitecture.md), e.g. ddr_latency=80")
+    pr.add_argument("--trace", help="write a Chrome/Perfetto trace JSON (one track per engine)")
+    pr.add_argument("--json", help="write the profile as JSON")
+    pr.add_argument("--csv", help="write the DPU summary rows as CSV")
+    pr.add_argument("--instructions", help="write one CSV row per instruction")
+    pr.add_argument("--plot", help="write an engine-utilisation figure (.png/.svg/.pdf)")
+    pr.add_argument("--txt", help="also write the text summary to this file")
+    pr.set_defaults(fn=cmd_profile)
     t = sub.add_parser("targets", help="list the ISA1 presets")
     t.add_argument("--json", action="store_true")
     t.set_defaults(fn=cmd_targets)
@@ -255,12 +319,14 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.dpu import RuntimeErrorDPU
     from runtime.ops import OpError
     from sim.executor import ExecError
+    from sim.timing import DeadlockError, WatchdogError
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args) or 0)
     except BrokenPipeError:
         return 0
-    except (CliError, XModelError, IsaError, TargetError, RuntimeErrorDPU, OpError, ExecError) as e:
+    except (CliError, XModelError, IsaError, TargetError, RuntimeErrorDPU, OpError, ExecError, DeadlockError,
+            WatchdogError) as e:
         print(f"opendpu {args.cmd}: error: {e}", file=sys.stderr)
         return 2
 

@@ -131,6 +131,7 @@ class DpuSubgraph:
         except IsaError as e:
             raise RuntimeErrorDPU(f"subgraph {sg.name!r}: mc_code: {e}") from None
         self._arrays: ProgramArrays | None = None
+        self.last_schedule = None
         self.op_names = graph.toposort(sg.all_ops())
         self._opset = set(self.op_names)
         self.inputs = self._interface_inputs()
@@ -243,15 +244,18 @@ class DpuSubgraph:
     def read_outputs(self, machine) -> list[np.ndarray]:
         return [np.array(ddr_view(machine.ddr(s.reg_id), s, "output"), dtype=np.int8) for s in self.outputs]
 
-    def run_sim(self, inputs: list[np.ndarray], machine=None, seed: int = 0) -> list[np.ndarray]:
-        """Execute mc_code on the instruction executor; returns output tensors (int8, logical shape)."""
+    def run_sim(self, inputs: list[np.ndarray], machine=None, seed: int = 0, target: Target | None = None
+                ) -> list[np.ndarray]:
+        """Execute mc_code on the cycle model with functional execution (instructions run in the order the
+        schedule starts them); the schedule is kept in `last_schedule`. Returns the output tensors."""
+        from sim.timing import simulate
         inputs = self.check_inputs(inputs)
         m = machine or self.new_machine(seed)
         for r in self.reg_sizes:
             if self.reg_context.get(r) != "CONST":
                 m.ddr(r)[...] = 0
         self.write_inputs(m, inputs)
-        m.run(self.arrays)
+        self.last_schedule = simulate(self.arrays, target or self.target, machine=m)
         return self.read_outputs(m)
 
     def run_ref(self, inputs: list[np.ndarray], keep: bool = False) -> tuple[list[np.ndarray], dict]:

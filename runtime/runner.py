@@ -31,7 +31,7 @@ class Runner:
     """Runner for one subgraph. Inputs/outputs are C-contiguous numpy arrays in tensor order."""
 
     def __init__(self, subgraph: Subgraph, mode: str = "sim", target: "Target | str | None" = None,
-                 graph: Graph | None = None, seed: int = 0):
+                 graph: Graph | None = None, seed: int = 0, timing: dict | None = None):
         if mode == "run":
             mode = "sim"
         if mode not in MODES:
@@ -57,6 +57,9 @@ class Runner:
                         f"{self.dpu.target.name} (fingerprint 0x{self.dpu.fingerprint:016X}) but the runner's "
                         f"target is {want.name} (fingerprint {fp})")
                 self.target = want
+            if timing:
+                self.target = self.target.with_timing(**timing)
+            self.schedule = None
             self._inputs = self.dpu.inputs
             self._outputs = self.dpu.outputs
         elif self.device == "CPU":
@@ -145,8 +148,10 @@ class Runner:
             if self.mode == "sim":
                 if self._machine is None:
                     self._machine = self.dpu.new_machine(self.seed)
-                out = self.dpu.run_sim(inputs, machine=self._machine)
-                self.stats = dict(self._machine.stats)
+                out = self.dpu.run_sim(inputs, machine=self._machine, target=self.target)
+                self.schedule = self.dpu.last_schedule
+                self.stats = dict(self._machine.stats, cycles=self.schedule.total_cycles,
+                                  latency_ms=self.schedule.latency_ms, clock_mhz=self.schedule.clock_mhz)
                 return out
             out, _ = self.dpu.run_ref(inputs)
             return out
@@ -173,13 +178,13 @@ class GraphResult:
 class GraphRunner:
     """Executes a whole xmodel in subgraph topological order (VART's graph runner)."""
 
-    def __init__(self, graph: Graph, backend: str = "sim", target=None, seed: int = 0):
+    def __init__(self, graph: Graph, backend: str = "sim", target=None, seed: int = 0, timing: dict | None = None):
         self.graph, self.backend = graph, backend
         self.order = graph.toposort_child_subgraphs()
         self.runners: dict[str, Runner] = {}
         for sg in self.order:
             if sg.device == "DPU":
-                self.runners[sg.name] = Runner(sg, backend, target=target, graph=graph, seed=seed)
+                self.runners[sg.name] = Runner(sg, backend, target=target, graph=graph, seed=seed, timing=timing)
             elif sg.device == "CPU":
                 self.runners[sg.name] = Runner(sg, "ref", graph=graph)
             elif sg.device != "USER":

@@ -1,0 +1,536 @@
+"""vaitrace-style profiler on the cycle model: per-layer table, Perfetto trace, utilisation plot, JSON/CSV.
+
+Each DPU subgraph's program is timed by `sim.timing.simulate` on its target, with timing parameters
+from the target or overrides. Instructions are attributed to the layers of the xmodel, which are the
+child subgraphs of the DPU subgraph in `children_topological_sort` order. The rule is recorded in
+docs/decisions.md:
+* CONV/ALU/ELEW instructions fill the layer's compute ops in order, by the output elements they write.
+  Their INITs go with them.
+* A LOAD belongs to the layer of the compute instruction that consumes its group's token.
+* A SAVE belongs to the layer of the compute instruction whose token its group waits for.
+Each cycle of the run is charged to one layer. That is the layer of the active instruction, by
+priority CONV > MISC > LOAD > SAVE. An idle cycle goes to the next instruction to start. So the
+per-layer times add up exactly to the total.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler.xir.graph import Graph
+from isa.fields import FIELD_INDEX, OPS
+from isa.program import OP_INDEX
+from isa.target import Target
+from runtime.dpu import DpuSubgraph, RuntimeErrorDPU, dpu_subgraphs
+from sim.timing import ENGINES, Schedule, simulate
+
+MB = float(1 << 20)        # vaitrace MB (LdWB of a 3x3x512x512 conv prints 2.250)
+
+# compute op types -> instruction class that realises them on ISA1 (spec §7)
+_CONV_OPS = {"conv2d-fix", "transposed-conv2d-fix", "conv2d", "transposed-conv2d"}
+_ALU_OPS = {"depthwise-conv2d-fix", "transposed-depthwise-conv2d-fix", "pool-fix", "hard-sigmoid-fix",
+            "leaky-relu-fix", "prelu-fix", "reduction-max-fix", "leaky-relu", "prelu", "hard-sigmoid"}
+_ELEW_OPS = {"eltwise-fix", "upsample-fix", "eltwise", "mul-fix", "add-fix"}
+_KIND = {**{t: 0 for t in _CONV_OPS}, **{t: 1 for t in _ALU_OPS}, **{t: 2 for t in _ELEW_OPS}}
+_OP_KIND = {OP_INDEX["CONV"]: 0, OP_INDEX["CONVINIT"]: 0, OP_INDEX["ALU"]: 1, OP_INDEX["ALUINIT"]: 1,
+            OP_INDEX["ELEW"]: 2, OP_INDEX["ELEWINIT"]: 2}
+_CONV, _CONVINIT, _ALU, _ALUINIT, _ELEW = (OP_INDEX[n] for n in ("CONV", "CONVINIT", "ALU", "ALUINIT", "ELEW"))
+_LOAD, _SAVE, _END = OP_INDEX["LOAD"], OP_INDEX["SAVE"], OP_INDEX["END"]
+_ELEWINIT_ = OP_INDEX["ELEWINIT"]
+_FI = FIELD_INDEX
+_PRIORITY = (2, 3, 0, 1)   # CONV, MISC, LOAD, SAVE
+
+
+@dataclass
+class Layer:
+    name: str                     # child subgraph name
+    ops: list[str]
+    workload: int                 # ops (2 per MAC), from the child's `workload` attribute
+    cycles: int = 0
+    instructions: int = 0
+    ld_wb: int = 0                # bytes
+    ld_fm: int = 0
+    st_fm: int = 0
+    expected: list = field(default_factory=list)    # [(kind, op name, expected output elements)]
+    produced: dict = field(default_factory=dict)    # op name -> output elements written
+
+
+def _coverage_ok(ly: "Layer") -> tuple[int, int]:
+    ok = sum(1 for e in ly.expected if e[2] <= ly.produced.get(e[1], 0) <= 1.1 * e[2])
+    return ok, len(ly.expected)
+
+
+@dataclass
+class SubgraphProfile:
+    name: str
+    target: Target
+    schedule: Schedule
+    layers: list[Layer]
+    layer_of: np.ndarray          # layer index of each instruction
+    workload: int
+    ld_wb: int = 0
+    ld_fm: int = 0
+    st_fm: int = 0
+
+    @property
+    def cycles(self) -> int:
+        return self.schedule.total_cycles
+
+    def attribution_quality(self) -> dict:
+        """Compute ops whose attributed instructions write between 1x and 1.1x their (channel-padded)
+        output elements; the rest were attributed approximately."""
+        ok = tot = 0
+        for ly in self.layers:
+            a, b = _coverage_ok(ly)
+            ok, tot = ok + a, tot + b
+        return {"compute_ops": tot, "matched": ok}
+
+    @property
+    def ms(self) -> float:
+        return self.schedule.latency_ms
+
+
+def _row(dpu_id, bat, name, level, wl, cycles, clock_mhz, ldwb, ldfm, stfm) -> dict:
+    rt_ms = cycles / (clock_mhz * 1e3)
+    gop = wl / 1e9
+    return {"dpu_id": dpu_id, "bat": bat, "subgraph": name, "level": level, "wl_gop": gop, "rt_ms": rt_ms,
+            "perf_gops": gop / (rt_ms / 1e3) if rt_ms > 0 else 0.0, "ldwb_mb": ldwb / MB, "ldfm_mb": ldfm / MB,
+            "stfm_mb": stfm / MB, "avgbw_mbs": (ldwb + ldfm + stfm) / MB / (rt_ms / 1e3) if rt_ms > 0 else 0.0,
+            "cycles": int(cycles)}
+
+
+COLUMNS = ("dpu_id", "bat", "subgraph", "level", "wl_gop", "rt_ms", "perf_gops", "ldwb_mb", "ldfm_mb", "stfm_mb",
+           "avgbw_mbs", "cycles")
+
+
+@dataclass
+class Profile:
+    model: str
+    subgraphs: list[SubgraphProfile]
+    cores: int = 1
+
+    @property
+    def total_cycles(self) -> int:
+        return sum(s.cycles for s in self.subgraphs)
+
+    @property
+    def total_ms(self) -> float:
+        return sum(s.ms for s in self.subgraphs)
+
+    def rows(self, layers: bool = True) -> list[dict]:
+        """vaitrace DPU Summary rows: the layers of each DPU subgraph, then the subgraph itself."""
+        out = []
+        for k, sp in enumerate(self.subgraphs):
+            dpu_id = f"DPUCZDX8G_{1 + k % self.cores}"
+            clk = sp.target.timing.clock_mhz
+            if layers:
+                for ly in sp.layers:
+                    out.append(_row(dpu_id, 1, ly.name, "layer", ly.workload, ly.cycles, clk, ly.ld_wb, ly.ld_fm,
+                                    ly.st_fm))
+            out.append(_row(dpu_id, 1, sp.name, "subgraph", sp.workload, sp.cycles, clk, sp.ld_wb, sp.ld_fm,
+                            sp.st_fm))
+        return out
+
+    def table(self) -> str:
+        """The text summary of `vaitrace --txt` (UG1414, Figure 37)."""
+        def num(v):
+            if 0 < abs(v) < 0.001:
+                return "~0~"
+            return f"{v:.3f}"
+        lines = ["DPU Summary:", "",
+                 "DPU Id | Bat | SubGraph | WL(GOP) | RT(ms) | Perf(GOP/s) | LdWB(MB) | LdFM(MB) | StFM(MB) | "
+                 "AvgBw(MB/s)", ""]
+        for r in self.rows(layers=True):
+            name = r["subgraph"] + (" [DPU subgraph total]" if r["level"] == "subgraph" else "")
+            lines.append(" | ".join([r["dpu_id"], str(r["bat"]), name] +
+                                    [num(r[c]) for c in ("wl_gop", "rt_ms", "perf_gops", "ldwb_mb", "ldfm_mb",
+                                                         "stfm_mb", "avgbw_mbs")]))
+        clk = self.subgraphs[0].target.timing.clock_mhz if self.subgraphs else 0
+        lines += ["", f"Total DPU time: {self.total_cycles} cycles = {self.total_ms:.3f} ms at {clk:g} MHz "
+                  f"({len(self.subgraphs)} DPU subgraph(s); a subgraph row follows its layers)",
+                  "", "Notes:", "~0~: Within range of (0, 0.001)", "Bat: DPU batch number",
+                  "WL(GOP): Workload", "RT(ms): Run time", "Perf(GOP/s)",
+                  "LdWB(MB): External memory load size of bias and weight",
+                  "LdFM(MB): External memory load size of feature map",
+                  "StFM(MB): External memory store size of feature map",
+                  "AvgBw(MB/s): External memory average bandwidth"]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "total_cycles": self.total_cycles, "total_ms": self.total_ms,
+                "rows": self.rows(layers=True),
+                "subgraphs": [dict(name=sp.name, target=sp.target.name, fingerprint=(
+                    f"0x{sp.target.fingerprint:016X}" if sp.target.fingerprint is not None else None),
+                    **{k: v for k, v in sp.schedule.summary().items() if k != "target"},
+                    attribution_quality=sp.attribution_quality(),
+                    attribution=[dict(layer=ly.name, expected={e[1]: e[2] for e in ly.expected},
+                                      produced=ly.produced, instructions=ly.instructions) for ly in sp.layers])
+                    for sp in self.subgraphs]}
+
+    def write_json(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+            f.write("\n")
+
+    def write_csv(self, path: str) -> None:
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            w.writeheader()
+            for r in self.rows(layers=True):
+                w.writerow(r)
+
+    def write_instructions_csv(self, path: str) -> None:
+        """One row per instruction of every DPU subgraph (SCALE-Sim-like stable columns)."""
+        rows = []
+        for sp in self.subgraphs:
+            for r, li in zip(sp.schedule.instruction_rows(), sp.layer_of):
+                rows.append({"subgraph": sp.name, "layer": sp.layers[li].name if len(sp.layers) else "", **r})
+        with open(path, "w", newline="") as f:
+            if rows:
+                w = csv.DictWriter(f, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
+
+    def trace(self) -> dict:
+        """Chrome/Perfetto trace (JSON object format): one process per DPU subgraph run, one track per
+        engine, one slice per instruction; timestamps in microseconds at the target clock."""
+        ev = []
+        t0 = 0.0
+        for pid, sp in enumerate(self.subgraphs, start=1):
+            s = sp.schedule
+            us = 1.0 / s.clock_mhz
+            ev.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"DPU {sp.name}"}})
+            for e, name in enumerate(ENGINES):
+                ev.append({"ph": "M", "pid": pid, "tid": e + 1, "name": "thread_name", "args": {"name": name}})
+                ev.append({"ph": "M", "pid": pid, "tid": e + 1, "name": "thread_sort_index",
+                           "args": {"sort_index": e}})
+            for i in range(len(s)):
+                e = int(s.engine[i])
+                tid = e + 1
+                if e == 1 and s.port[i] > 0:        # overlapping SAVEs of port 1 on their own track
+                    tid = 5
+                ev.append({"ph": "X", "pid": pid, "tid": tid, "name": OPS[int(s.op[i])].mnemonic,
+                           "ts": t0 + float(s.start[i]) * us, "dur": float(s.end[i] - s.start[i]) * us,
+                           "args": {"index": i, "layer": sp.layers[sp.layer_of[i]].name if sp.layers else "",
+                                    "dispatch": int(s.dispatch[i]), "start": int(s.start[i]),
+                                    "end": int(s.end[i]), "stall_token": int(s.stall_token[i]),
+                                    "stall_ddr": int(s.stall_ddr[i]), "stall_queue": int(s.stall_queue[i])}})
+            if (s.port > 0).any():
+                ev.append({"ph": "M", "pid": pid, "tid": 5, "name": "thread_name", "args": {"name": "SAVE port 1"}})
+            b0 = 0
+            for ly in sp.layers:
+                if ly.cycles:
+                    ev.append({"ph": "X", "pid": pid, "tid": 0, "name": ly.name, "ts": t0 + b0 * us,
+                               "dur": ly.cycles * us, "args": {"cycles": ly.cycles}})
+                b0 += ly.cycles
+            ev.append({"ph": "M", "pid": pid, "tid": 0, "name": "thread_name",
+                       "args": {"name": "layers (cycles charged)"}})
+            t0 += s.total_cycles * us
+        return {"traceEvents": ev, "displayTimeUnit": "ns",
+                "otherData": {"model": self.model, "total_cycles": self.total_cycles}}
+
+    def write_trace(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.trace(), f)
+
+    def plot(self, path: str, bins: int = 200) -> None:
+        """Engine utilisation over time (fraction of each time bin an engine is busy), one panel per
+        DPU subgraph."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        n = len(self.subgraphs)
+        fig, axes = plt.subplots(n, 1, figsize=(10, 2.6 * n), squeeze=False)
+        for ax, sp in zip(axes[:, 0], self.subgraphs):
+            s = sp.schedule
+            tot = max(1, s.total_cycles)
+            edges = np.linspace(0, tot, bins + 1)
+            for e, name in enumerate(ENGINES):
+                m = s.engine == e
+                u = _busy_per_bin(s.start[m], s.end[m], edges)
+                ax.plot(edges[:-1] / s.clock_mhz / 1e3, u, label=f"{name} ({100 * s.engine_busy()[name] / tot:.0f}%)")
+            ax.set_ylim(0, 1.05)
+            ax.set_ylabel("utilisation")
+            short = sp.name if len(sp.name) <= 60 else "…" + sp.name[-59:]
+            ax.set_title(f"{short} on {sp.target.name}: {s.total_cycles} cycles, {s.latency_ms:.3f} ms "
+                         f"at {s.clock_mhz:g} MHz", fontsize=9)
+            ax.legend(loc="upper right", fontsize=7)
+        axes[-1, 0].set_xlabel("time (ms)")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+
+def _busy_per_bin(s: np.ndarray, e: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Busy fraction of each bin for intervals [s, e) (overlaps counted once via clipping to 1)."""
+    w = np.diff(edges)
+    out = np.zeros(len(w))
+    if not len(s):
+        return out
+    cs = np.clip(s[:, None], edges[None, :-1], edges[None, 1:]) if len(s) * len(w) <= 4_000_000 else None
+    if cs is not None:
+        ce = np.clip(e[:, None], edges[None, :-1], edges[None, 1:])
+        out = (ce - cs).sum(axis=0)
+    else:
+        for a, b in zip(s, e):
+            out += np.clip(np.minimum(b, edges[1:]) - np.maximum(a, edges[:-1]), 0, None)
+    return np.minimum(out / w, 1.0)
+
+
+# ---- attribution ------------------------------------------------------------------------------------
+def _layers_of(dpu: DpuSubgraph) -> list[Layer]:
+    g, sg = dpu.graph, dpu.sg
+    kids = {c.name: c for c in sg.children}
+    order = sg.attrs.get("children_topological_sort") or [c.name for c in sg.children]
+    cp = dpu.target.cp
+    out = []
+    for n in order:
+        c = kids.get(n)
+        if c is None:
+            continue
+        ops = g.toposort(c.all_ops())
+        exp = []
+        for o in ops:
+            op = g.ops[o]
+            k = _KIND.get(op.type)
+            if k is None:
+                continue
+            shp = [int(d) for d in op.output.shape]
+            ch = shp[-1] if shp else 1
+            elems = int(np.prod(shp[:-1])) * (-(-ch // cp) * cp) if shp else cp
+            exp.append((k, o, elems, _signature(g, op, k)))
+        if not exp and c.attrs.get("skip_code_gen"):
+            continue
+        wl = c.attrs.get("workload")
+        out.append(Layer(n, ops, int(wl) if wl is not None else 0, expected=exp,
+                         produced={e[1]: 0 for e in exp}))
+    return out
+
+
+def _fix(g: Graph, op, arg: str):
+    src = op.inputs.get(arg) or []
+    if not src:
+        return None
+    t = g.ops[src[0]].output
+    return t.fix_point if t.is_fixed else None
+
+
+def _signature(g: Graph, op, kind: int):
+    """Fields an INIT must carry for `op` (spec §7.2-7.5), or None when not derivable: conv-like ops
+    (CONVINIT / ALUINIT dwconv) -> (shift_cut, shift_bias); eltwise/upsample -> (num,)."""
+    if kind == 2:
+        return (len(op.input_ops()),) if op.type.startswith("eltwise") else (1,)
+    if op.type.startswith("pool") or "sigmoid" in op.type or "relu" in op.type:
+        return None
+    fi, fw, fb, fo = _fix(g, op, "input"), _fix(g, op, "weights"), _fix(g, op, "bias"), op.output.fix_point
+    if None in (fi, fw, fo):
+        return None
+    sc = fi + fw - fo
+    sb = max(0, fi + fw - fb + 1) if fb is not None else None
+    return (sc, sb)
+
+
+def _token_partners(op, eng, on, by, n):
+    """For each (P, C) pair: arrays of signaller and waiter instruction indices, k-th with k-th."""
+    sig, wait = {}, {}
+    for p in range(4):
+        for c in range(4):
+            if p == c:
+                continue
+            s_idx = np.nonzero((eng == p) & (((by >> c) & 1) == 1))[0]
+            w_idx = np.nonzero((eng == c) & (((on >> p) & 1) == 1))[0]
+            k = min(len(s_idx), len(w_idx))
+            sig[(p, c)] = (s_idx[:k], w_idx[:k])
+    return sig
+
+
+def _attribute(dpu: DpuSubgraph, s: Schedule, layers: list[Layer]) -> np.ndarray:
+    n = len(s)
+    a = dpu.arrays
+    op = a.op[:n].astype(np.int64)
+    fl = a.fields[:n]
+    eng = s.engine
+    on, by = a.dpdon[:n].astype(np.int64), a.dpdby[:n].astype(np.int64)
+    lay = np.full(n, -1, np.int64)
+    if not layers:
+        return np.zeros(n, np.int64)
+    t = dpu.target
+    # compute jobs per kind (CONV, ALU, ELEW): [layer, op name, expected elements, signature, produced]
+    jobs = [[[li, e[1], e[2], e[3], 0] for li, ly in enumerate(layers) for e in ly.expected if e[0] == k]
+            for k in range(3)]
+    cur = [None, None, None]
+    conv_vpp = t.pp
+    alu_len = alu_cg = 1
+    ci, ai, ew = _FI["CONVINIT"], _FI["ALUINIT"], _FI["ELEW"]
+    pending_elewinit: list[int] = []
+
+    def choose(k, sig, keep):
+        q = jobs[k]
+        if keep is not None and keep[4] < keep[2] and (keep[3] is None or sig is None or keep[3] == sig):
+            return keep
+        first = None
+        for j in q:
+            if j[4] < j[2]:
+                if first is None:
+                    first = j
+                if j[3] is None or sig is None or j[3] == sig:
+                    return j
+        return first if first is not None else (keep if keep is not None else q[-1])
+
+    for i in range(n):
+        o = int(op[i])
+        k = _OP_KIND.get(o)
+        if k is None or not jobs[k]:
+            continue
+        f = fl[i]
+        if o == _CONVINIT:
+            conv_vpp = int(f[ci["valid_pixel_parallel"]])
+            cur[0] = choose(0, (int(f[ci["shift_cut"]]), int(f[ci["shift_bias"]])), cur[0])
+            lay[i] = cur[0][0]
+            continue
+        if o == _ALUINIT:
+            alu_len, alu_cg = int(f[ai["length"]]), int(f[ai["channel_group"]])
+            mode = int(f[ai["exec_mode"]])
+            sig = (int(f[ai["shift_cut"]]), int(f[ai["shift_bias"]])) if mode in (0, 6) else None
+            cur[1] = choose(1, sig, cur[1])
+            lay[i] = cur[1][0]
+            continue
+        if o == _ELEWINIT_:
+            pending_elewinit.append(i)
+            continue
+        if o == _CONV:
+            made = conv_vpp * int(f[_FI["CONV"]["length"]]) * t.cp
+        elif o == _ALU:
+            made = int(f[_FI["ALU"]["valid_pixel_parallel"]]) * alu_len * alu_cg * t.cp
+        else:
+            made = int(f[ew["valid_pixel_parallel"]]) * int(f[ew["length"]]) * int(f[ew["channel_group"]]) * t.cp
+            cur[2] = choose(2, (int(f[ew["num"]]),), cur[2])
+            for p in pending_elewinit:
+                lay[p] = cur[2][0]
+            pending_elewinit = []
+        if cur[k] is None:
+            cur[k] = choose(k, None, None)
+        j = cur[k]
+        lay[i] = j[0]
+        j[4] += made
+        layers[j[0]].produced[j[1]] = layers[j[0]].produced.get(j[1], 0) + made
+    # LOAD -> consumer of its group's token; SAVE -> producer of its group's token
+    partners = _token_partners(op, eng, on, by, n)
+    consumer = np.full(n, -1, np.int64)
+    producer = np.full(n, -1, np.int64)
+    for (p, c), (si, wi) in partners.items():
+        if p == 0 and c in (2, 3):
+            m = consumer[si] < 0
+            consumer[si[m]] = wi[m]
+        if c == 1 and p in (2, 3):
+            m = producer[wi] < 0
+            producer[wi[m]] = si[m]
+    compute = np.nonzero(lay >= 0)[0]
+    last = compute[-1] if len(compute) else -1
+    nxt_signal = -1
+    for i in range(n - 1, -1, -1):          # LOADs: the next signalling LOAD's consumer
+        if op[i] == _LOAD:
+            if consumer[i] >= 0:
+                nxt_signal = consumer[i]
+            tgt = nxt_signal
+            if tgt < 0 or lay[tgt] < 0:
+                j = np.searchsorted(compute, i)
+                tgt = compute[j] if j < len(compute) else last
+            lay[i] = lay[tgt] if tgt >= 0 else 0
+    prev_wait = -1
+    for i in range(n):                      # SAVEs: the waiting SAVE's producer
+        if op[i] == _SAVE:
+            if producer[i] >= 0:
+                prev_wait = producer[i]
+            src = prev_wait
+            if src < 0 or lay[src] < 0:
+                j = np.searchsorted(compute, i) - 1
+                src = compute[j] if j >= 0 else (compute[0] if len(compute) else -1)
+            lay[i] = lay[src] if src >= 0 else 0
+    lay[lay < 0] = lay[last] if last >= 0 else 0
+    return lay
+
+
+def _charge_cycles(s: Schedule, lay: np.ndarray, nlayers: int) -> np.ndarray:
+    """Cycles per layer: each cycle to the active instruction of highest priority (CONV > MISC > LOAD >
+    SAVE), idle cycles to the next instruction to start. Sums to total_cycles exactly."""
+    total = s.total_cycles
+    cuts = np.unique(np.concatenate(([0, total], s.start, s.end)))
+    cuts = cuts[(cuts >= 0) & (cuts <= total)]
+    seg_s, seg_len = cuts[:-1], np.diff(cuts)
+    owner = np.full(len(seg_s), -1, np.int64)
+    for e in _PRIORITY:
+        idx = np.nonzero(s.engine == e)[0]
+        if not len(idx):
+            continue
+        o = idx[np.argsort(s.start[idx], kind="stable")]
+        st, en = s.start[o], s.end[o]
+        reach = np.maximum.accumulate(en)
+        arg = np.zeros(len(en), np.int64)
+        best = 0
+        for j in range(len(en)):            # index of the interval reaching furthest so far
+            if en[j] >= en[best]:
+                best = j
+            arg[j] = best
+        pos = np.searchsorted(st, seg_s, side="right") - 1
+        ok = (pos >= 0)
+        act = np.zeros(len(seg_s), bool)
+        act[ok] = reach[pos[ok]] > seg_s[ok]
+        take = act & (owner < 0)
+        owner[take] = o[arg[pos[take]]]
+    idle = owner < 0
+    if idle.any():
+        so = np.argsort(s.start, kind="stable")
+        nx = np.searchsorted(s.start[so], seg_s[idle], side="left")
+        nx = np.minimum(nx, len(so) - 1)
+        owner[idle] = so[nx]
+    return np.bincount(lay[owner], weights=seg_len, minlength=nlayers).astype(np.int64)
+
+
+def profile_subgraph(dpu: DpuSubgraph, target: Target | None = None) -> SubgraphProfile:
+    t = target or dpu.target
+    if t.fingerprint != dpu.target.fingerprint:
+        raise RuntimeErrorDPU(f"subgraph {dpu.name!r} was compiled for {dpu.target.name}; the profile target "
+                              f"{t.name} has another fingerprint (VART_GRAPH_FINGERPRINT_ERROR)")
+    s = simulate(dpu.arrays, t)
+    layers = _layers_of(dpu)
+    lay = _attribute(dpu, s, layers)
+    const = np.array([dpu.reg_context.get(int(r), "") == "CONST" for r in range(8)])
+    is_ld = s.ddr_read > 0
+    wb = is_ld & const[np.clip(s.ddr_reg, 0, 7)]
+    sp = SubgraphProfile(dpu.name, t, s, layers, lay, int(dpu.sg.attrs.get("workload") or 0),
+                         int(s.ddr_read[wb].sum()), int(s.ddr_read[is_ld & ~wb].sum()), int(s.ddr_write.sum()))
+    if layers:
+        cyc = _charge_cycles(s, lay, len(layers))
+        for li, ly in enumerate(layers):
+            m = lay == li
+            ly.cycles = int(cyc[li])
+            ly.instructions = int(m.sum())
+            ly.ld_wb = int(s.ddr_read[m & wb].sum())
+            ly.ld_fm = int(s.ddr_read[m & is_ld & ~wb].sum())
+            ly.st_fm = int(s.ddr_write[m].sum())
+    return sp
+
+
+def profile_graph(graph: Graph, target: Target | None = None, timing: dict | None = None,
+                  model: str = "") -> Profile:
+    """Profile every DPU subgraph of `graph` (in graph order) on its own target (or `target`, which must
+    have the same fingerprint), with optional timing overrides (e.g. {"clock_mhz": 200})."""
+    subs = []
+    cores = 1
+    for sg in dpu_subgraphs(graph):
+        d = DpuSubgraph(graph, sg)
+        t = target or d.target
+        if timing:
+            t = t.with_timing(**timing)
+        cores = t.timing.cores
+        subs.append(profile_subgraph(d, t))
+    if not subs:
+        raise RuntimeErrorDPU(f"{model or graph.name}: the graph has no DPU subgraph to profile")
+    return Profile(model or graph.name, subs, cores)
+
+
+__all__ = ["Profile", "SubgraphProfile", "Layer", "profile_graph", "profile_subgraph", "COLUMNS"]
