@@ -1,0 +1,146 @@
+"""Profiler (runtime/profile.py) and the cycle model on every shared model."""
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from compiler.xir.graph import Graph
+from runtime.cli import main
+from runtime.dpu import DpuSubgraph, dpu_subgraphs
+from runtime.profile import COLUMNS, profile_graph
+from sim.timing import simulate
+
+from conftest import MODEL_NAMES, model_path
+
+
+@pytest.fixture(scope="module")
+def mnist_profile():
+    return profile_graph(Graph.load(model_path("dpu_mnist_classifier")), model="mnist")
+
+
+def test_mnist_profile_rows_sum_and_bytes(mnist_profile):
+    p = mnist_profile
+    (sp,) = p.subgraphs
+    s = sp.schedule
+    assert sum(ly.cycles for ly in sp.layers) == s.total_cycles
+    assert [ly.name for ly in sp.layers] == ["subgraph_quant_conv2d", "subgraph_quant_dense(TransferMatMulToConv2d)",
+                                            "subgraph_quant_dense_1(TransferMatMulToConv2d)"]
+    # WL from the xmodel's child `workload` attributes; LdWB = bytes LOADed from the CONST register
+    assert [ly.workload for ly in sp.layers] == [432640, 1384576, 2570]
+    assert sp.ld_wb == 693_962 and sum(ly.ld_wb for ly in sp.layers) == 693_962
+    assert sp.st_fm == 10                      # one SAVE of 10 int8 logits
+    assert sum(ly.instructions for ly in sp.layers) == 230
+    assert sp.attribution_quality() == {"compute_ops": 4, "matched": 4}
+    # the 13x13 dense layer carries almost all weights: 13*13*32*... bytes of its LOADs
+    assert sp.layers[1].ld_wb > 0.99 * 693_962 * 0.99
+    rows = p.rows()
+    assert len(rows) == 4 and rows[-1]["level"] == "subgraph"
+    r = rows[-1]
+    assert r["rt_ms"] == pytest.approx(s.total_cycles / 300e3)
+    assert r["perf_gops"] == pytest.approx(r["wl_gop"] / (r["rt_ms"] / 1e3))
+    assert r["avgbw_mbs"] == pytest.approx((693_962 + sp.ld_fm + 10) / 2**20 / (r["rt_ms"] / 1e3))
+
+
+def test_mnist_table_and_files(mnist_profile, tmp_path):
+    p = mnist_profile
+    t = p.table()
+    assert "DPU Id | Bat | SubGraph | WL(GOP) | RT(ms) | Perf(GOP/s) | LdWB(MB) | LdFM(MB) | StFM(MB) | AvgBw(MB/s)" in t
+    body = [ln for ln in t.splitlines() if ln.startswith("DPUCZDX8G_1 | 1 | ")]
+    assert len(body) == 4
+    assert "~0~" in t                                   # tiny values print as vaitrace does
+    p.write_csv(tmp_path / "p.csv")
+    with open(tmp_path / "p.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == COLUMNS and len(rows) == 4
+    p.write_json(tmp_path / "p.json")
+    d = json.loads((tmp_path / "p.json").read_text())
+    assert d["total_cycles"] == p.total_cycles and d["subgraphs"][0]["ddr_bytes"]["read"]["REG_0"] == 693_962
+    p.plot(tmp_path / "u.png")
+    assert (tmp_path / "u.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_mnist_trace_one_track_per_engine(mnist_profile):
+    p = mnist_profile
+    tr = p.trace()
+    ev = tr["traceEvents"]
+    names = {e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"LOAD", "SAVE", "CONV", "MISC"} <= names
+    s = p.subgraphs[0].schedule
+    xs = [e for e in ev if e["ph"] == "X" and e["tid"] > 0]
+    assert len(xs) == len(s)
+    by_index = {e["args"]["index"]: e for e in xs}
+    for i in (0, 100, 229):
+        assert by_index[i]["ts"] == pytest.approx(s.start[i] / 300.0)
+        assert by_index[i]["dur"] == pytest.approx((s.end[i] - s.start[i]) / 300.0)
+    # the layer track covers the run exactly
+    lay = [e for e in ev if e["ph"] == "X" and e["tid"] == 0]
+    assert sum(e["dur"] for e in lay) == pytest.approx(s.total_cycles / 300.0)
+
+
+def test_cli_profile_and_run_cycles(mnist_path, tmp_path, capsys):
+    tr = tmp_path / "t.json"
+    assert main(["profile", mnist_path, "--clock-mhz", "150", "--trace", str(tr), "--csv", str(tmp_path / "p.csv"),
+                 "--plot", str(tmp_path / "p.png"), "--timing", "ddr_latency=60"]) == 0
+    out = capsys.readouterr().out
+    assert "DPU Summary:" in out and "at 150 MHz" in out
+    json.loads(tr.read_text())
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 28, 28, 1), np.float32))
+    assert main(["run", mnist_path, "-i", str(x)]) == 0
+    out = capsys.readouterr().out
+    s = simulate(DpuSubgraph(Graph.load(mnist_path), dpu_subgraphs(Graph.load(mnist_path))[0]).arrays,
+                 DpuSubgraph(Graph.load(mnist_path), dpu_subgraphs(Graph.load(mnist_path))[0]).target)
+    assert f"{s.total_cycles} cycles = {s.total_cycles / 300e3:.3f} ms at 300 MHz" in out
+    # bad overrides are named
+    assert main(["profile", mnist_path, "--timing", "ddr_lat=3"]) == 2
+    assert "unknown timing parameter(s) ['ddr_lat']" in capsys.readouterr().err
+    assert main(["profile", mnist_path, "--target", "B512"]) == 2
+    assert "VART_GRAPH_FINGERPRINT_ERROR" in capsys.readouterr().err
+
+
+def test_yolox_two_configurations():
+    p512 = profile_graph(Graph.load(model_path("yolox_nano_b512")))
+    p4096 = profile_graph(Graph.load(model_path("yolox_nano_b4096")))
+    (a,), (b,) = p512.subgraphs, p4096.subgraphs
+    assert [ly.name for ly in a.layers] == [ly.name for ly in b.layers]        # same network
+    assert a.workload == b.workload
+    assert a.cycles > b.cycles                                                 # 8x less compute
+    for sp in (a, b):
+        assert sum(ly.cycles for ly in sp.layers) == sp.cycles
+        assert sp.ld_wb == sp.schedule.ddr_bytes()["read"][0]                  # REG_0 is CONST
+        q = sp.attribution_quality()
+        assert q["matched"] >= 0.95 * q["compute_ops"]
+        busy = sp.schedule.engine_busy()
+        assert all(sp.cycles >= v for v in busy.values()) and sp.cycles <= sp.schedule.cost.sum()
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_timed_functional_equals_executor_on_every_model(name):
+    """Functional results under the cycle model's start order are byte-identical to program order."""
+    g = Graph.load(model_path(name))
+    for sg in dpu_subgraphs(g):
+        d = DpuSubgraph(g, sg)
+        rng = np.random.default_rng(7)
+        ins = [rng.integers(-128, 128, s.dims, dtype=np.int8) for s in d.inputs]
+        ref = d.new_machine()
+        for r in d.reg_sizes:
+            if d.reg_context.get(r) != "CONST":
+                ref.ddr(r)[...] = 0
+        d.write_inputs(ref, ins)
+        ref.run(d.arrays)
+        m = d.new_machine()
+        out = d.run_sim(ins, machine=m)                     # timed order
+        s = d.last_schedule
+        assert s is not None and s.complete
+        assert np.array_equal(m._ddr, ref._ddr) and np.array_equal(m.banks, ref.banks)
+        assert all(np.array_equal(a, b) for a, b in zip(out, d.read_outputs(ref)))
+        busy = s.engine_busy()
+        assert all(s.total_cycles >= v for v in busy.values())
+        # upper bound: the costs plus the fetch/dispatch allowance of docs/microarchitecture.md §4
+        words = {"LOAD": 5, "SAVE": 5, "CONV": 5, "CONVINIT": 4, "ALUINIT": 6, "ALU": 5, "ELEWINIT": 3, "ELEW": 3,
+                 "END": 1}
+        allowance = d.target.timing.fetch_latency + sum(words[i.op] for i in d.instructions) + 2 * len(s)
+        assert s.total_cycles <= s.cost.sum() + allowance
+        if len(s) > 100:
+            assert s.total_cycles <= s.cost.sum()
