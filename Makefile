@@ -28,6 +28,7 @@ test-slow: venv
 
 bench: venv
 	$(PY) benchmarks/bench_executor.py --models $(MODELS)
+	$(PY) benchmarks/bench_timing.py --models $(MODELS)
 
 # Regenerate compiler/xir/xir_pb2.py from xir.proto (needs grpcio-tools; the output is committed).
 proto:

@@ -2,7 +2,8 @@
 
 Handwritten digits come from scikit-learn's `load_digits` (8×8, scaled into the 28×28 input). Each image
 goes through the whole graph (quantize → DPU subgraph on the instruction executor → fix2float →
-softmax); the DPU result is checked against the XIR reference, byte for byte.
+softmax); the DPU result is checked against the XIR reference, byte for byte. The cycle model then gives
+the latency and the vaitrace-style per-layer profile.
 """
 from __future__ import annotations
 
@@ -62,6 +63,11 @@ def main(argv=None) -> int:
               f"DPU int8 out {next(iter(dpu_s.values())).reshape(-1).tolist()}  sim==ref {'yes' if eq else 'NO'}")
     print(f"\n{correct}/{a.n} correct on sklearn digits (8x8 upscaled; the model was trained on MNIST)")
     print(f"sim == ref bit-exact on {same}/{a.n}; mean sim time {t_sim / a.n * 1e3:.2f} ms per inference")
+    st = next(iter(sim.runners.values())).stats
+    print(f"cycle model: {st['cycles']} DPU cycles per inference = {st['latency_ms']:.3f} ms at "
+          f"{st['clock_mhz']:g} MHz (timing parameters: docs/microarchitecture.md)\n")
+    from runtime.profile import profile_graph
+    print(profile_graph(g, model=os.path.basename(path)).table().split("\n\nNotes:")[0])
     return 0 if same == a.n else 1
 
 
