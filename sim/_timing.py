@@ -37,6 +37,13 @@ def _cdiv(a, b):
 
 
 @njit(cache=True)
+def _cost_error(err, kind, i, o):
+    err[0] = kind
+    err[1] = i
+    err[2] = o
+
+
+@njit(cache=True)
 def costs(op, fl, stop, tp, tm, cost, port, ddr_reg, ddr_rd, ddr_wr, err):
     """cost[i] = busy cycles of instruction i; port[i] = AXI port of a SAVE (-1 otherwise);
     ddr_reg/ddr_rd/ddr_wr = register and bytes read/written. err = (kind, index, op) on failure."""
@@ -102,10 +109,7 @@ def costs(op, fl, stop, tp, tm, cost, port, ddr_reg, ddr_rd, ddr_wr, err):
             cost[i] = tm[TM_INIT]
         elif o == K.OP_CONV:
             if conv_kh < 0:
-                err[0] = CE_NOINIT
-                err[1] = i
-                err[2] = o
-                return
+                return _cost_error(err, CE_NOINIT, i, o)
             cost[i] = tm[TM_CONV_LAT] + f[K.CV_LEN] * conv_kh * conv_kw * f[K.CV_CG]
         elif o == K.OP_ALUINIT:
             alu_k = f[K.AI_KH] * f[K.AI_KW]
@@ -114,10 +118,7 @@ def costs(op, fl, stop, tp, tm, cost, port, ddr_reg, ddr_rd, ddr_wr, err):
             cost[i] = tm[TM_INIT]
         elif o == K.OP_ALU:
             if alu_k < 0:
-                err[0] = CE_NOINIT
-                err[1] = i
-                err[2] = o
-                return
+                return _cost_error(err, CE_NOINIT, i, o)
             cost[i] = tm[TM_ALU_LAT] + alu_len * alu_k * f[K.AL_KD] * alu_cg
         elif o == K.OP_ELEWINIT:
             cost[i] = tm[TM_INIT]
@@ -126,10 +127,7 @@ def costs(op, fl, stop, tp, tm, cost, port, ddr_reg, ddr_rd, ddr_wr, err):
         elif o == K.OP_END:
             cost[i] = tm[TM_END]
         else:
-            err[0] = CE_LEGACY
-            err[1] = i
-            err[2] = o
-            return
+            return _cost_error(err, CE_LEGACY, i, o)
 
 
 @njit(cache=True)
