@@ -239,13 +239,19 @@ def cmd_profile(a) -> int:
               + ", ".join(f"{k} {100 * v / max(1, s.total_cycles):.0f}%" for k, v in busy.items())
               + f"; layer attribution matched {q['matched']}/{q['compute_ops']} compute ops")
     if a.txt:
-        with open(a.txt, "w") as f:
-            f.write(text + "\n")
+        try:
+            with open(a.txt, "w") as f:
+                f.write(text + "\n")
+        except OSError as e:
+            raise CliError(f"cannot write the text summary to {a.txt}: {e.strerror or e}") from None
     for path, fn, what in ((a.trace, prof.write_trace, "Perfetto trace"), (a.json, prof.write_json, "JSON"),
                            (a.csv, prof.write_csv, "CSV"), (a.instructions, prof.write_instructions_csv,
                                                             "per-instruction CSV"), (a.plot, prof.plot, "plot")):
         if path:
-            fn(path)
+            try:
+                fn(path)
+            except OSError as e:
+                raise CliError(f"cannot write the {what} to {path}: {e.strerror or e}") from None
             print(f"wrote {what} to {path}")
     return 0
 

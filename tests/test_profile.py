@@ -95,6 +95,8 @@ def test_cli_profile_and_run_cycles(mnist_path, tmp_path, capsys):
     # bad overrides are named
     assert main(["profile", mnist_path, "--timing", "ddr_lat=3"]) == 2
     assert "unknown timing parameter(s) ['ddr_lat']" in capsys.readouterr().err
+    assert main(["profile", mnist_path, "--trace", str(tmp_path / "no" / "such" / "dir.json")]) == 2
+    assert "cannot write the Perfetto trace to" in capsys.readouterr().err
     assert main(["profile", mnist_path, "--target", "B512"]) == 2
     assert "VART_GRAPH_FINGERPRINT_ERROR" in capsys.readouterr().err
 
