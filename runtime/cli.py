@@ -256,6 +256,49 @@ def cmd_profile(a) -> int:
     return 0
 
 
+def cmd_sweep(a) -> int:
+    from isa.target import get_target
+    from runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from sim.sweep import SWEEP_COLUMNS, parse_axis, sweep
+    g = _load_graph(a.model)
+    dpus = [DpuSubgraph(g, sg) for sg in dpu_subgraphs(g)]
+    if not dpus:
+        raise CliError(f"{a.model} has no DPU subgraph")
+    t = dpus[0].target
+    if a.target:
+        t = get_target(a.target)
+        if any(d.fingerprint != t.fingerprint for d in dpus):
+            raise CliError(f"--target {a.target}: {a.model} was compiled for {dpus[0].target.name} "
+                           f"(VART_GRAPH_FINGERPRINT_ERROR)")
+    if len({d.fingerprint for d in dpus}) > 1:
+        raise CliError(f"{a.model}: DPU subgraphs were compiled for different targets; sweep one model per target")
+    axes = {}
+    for spec in a.param or []:
+        try:
+            k, v = parse_axis(spec)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        axes[k] = v
+    if not axes:
+        raise CliError("give at least one --param name=v1,v2,... (a timing parameter)")
+    rows = sweep([d.arrays for d in dpus], t, axes)
+    cols = list(axes) + [c for c in SWEEP_COLUMNS if c != "point"]
+    print(" ".join(f"{c:>14s}" for c in cols))
+    for r in rows:
+        print(" ".join(f"{r[c]:14.4g}" if isinstance(r[c], float) else f"{r[c]:>14}" for c in cols))
+    if a.csv:
+        import csv
+        try:
+            with open(a.csv, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=cols)
+                w.writeheader()
+                w.writerows({c: r[c] for c in cols} for r in rows)
+        except OSError as e:
+            raise CliError(f"cannot write {a.csv}: {e.strerror or e}") from None
+        print(f"wrote {len(rows)} rows to {a.csv}")
+    return 0
+
+
 def cmd_targets(a) -> int:
     from isa.target import PRESETS, Target
     ts = [Target.from_name(n) for n in PRESETS]
@@ -312,6 +355,13 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--plot", help="write an engine-utilisation figure (.png/.svg/.pdf)")
     pr.add_argument("--txt", help="also write the text summary to this file")
     pr.set_defaults(fn=cmd_profile)
+    sw = sub.add_parser("sweep", help="timing-only sweep of timing parameters (cycles, latency, fps, busy)")
+    sw.add_argument("model")
+    sw.add_argument("--param", action="append", metavar="NAME=V1,V2,...",
+                    help="a timing parameter and its values; several --param give the cartesian product")
+    sw.add_argument("--target", help="preset, fingerprint or arch.json (timing base); must match the model")
+    sw.add_argument("--csv", help="write the rows as CSV")
+    sw.set_defaults(fn=cmd_sweep)
     t = sub.add_parser("targets", help="list the ISA1 presets")
     t.add_argument("--json", action="store_true")
     t.set_defaults(fn=cmd_targets)

@@ -146,3 +146,24 @@ def test_timed_functional_equals_executor_on_every_model(name):
         assert s.total_cycles <= s.cost.sum() + allowance
         if len(s) > 100:
             assert s.total_cycles <= s.cost.sum()
+
+
+def test_sweep_timing_parameters(mnist_path, tmp_path, capsys):
+    from sim.sweep import parse_axis, sweep
+    d = DpuSubgraph(Graph.load(mnist_path), dpu_subgraphs(Graph.load(mnist_path))[0])
+    rows = sweep([d.arrays], d.target, {"ddr_latency": [0, 60], "clock_mhz": [300.0, 150.0]})
+    assert [(r["ddr_latency"], r["clock_mhz"]) for r in rows] == [(0, 300.0), (0, 150.0), (60, 300.0), (60, 150.0)]
+    # the program is LOAD-bound: each of its 202 LOADs (and the SAVE) carries the DDR latency once, so
+    # going from 0 to 60 cycles adds at most 203*60 cycles and most of it
+    diff = rows[2]["total_cycles"] - rows[0]["total_cycles"]
+    assert 0.9 * 202 * 60 < diff <= 203 * 60
+    assert rows[1]["latency_ms"] == pytest.approx(2 * rows[0]["latency_ms"])       # half the clock
+    assert rows[0]["ddr_read_bytes"] == 693_962 + 2_184
+    assert parse_axis("clock_mhz=200,250") == ("clock_mhz", [200.0, 250.0])
+    with pytest.raises(ValueError, match="not a timing parameter"):
+        parse_axis("pp=4,8")
+    assert main(["sweep", mnist_path, "--param", "queue_depth=1,8", "--csv", str(tmp_path / "s.csv")]) == 0
+    with open(tmp_path / "s.csv") as f:
+        assert len(list(csv.DictReader(f))) == 2
+    assert main(["sweep", mnist_path]) == 2
+    assert "give at least one --param" in capsys.readouterr().err
