@@ -64,7 +64,7 @@ class Timing:
     def __post_init__(self):
         for k, v in self.__dict__.items():
             if k == "clock_mhz":
-                if not v > 0:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                     raise TargetError(f"timing clock_mhz must be > 0, got {v}")
             elif not isinstance(v, int) or isinstance(v, bool):
                 raise TargetError(f"timing {k} must be an integer, got {v!r}")

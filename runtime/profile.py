@@ -30,10 +30,10 @@ from sim.timing import ENGINES, Schedule, simulate
 MB = float(1 << 20)        # vaitrace MB (LdWB of a 3x3x512x512 conv prints 2.250)
 
 # compute op types -> instruction class that realises them on ISA1 (spec §7)
-_CONV_OPS = {"conv2d-fix", "transposed-conv2d-fix", "conv2d", "transposed-conv2d"}
+_CONV_OPS = {"conv2d-fix", "transposed-conv2d-fix"}
 _ALU_OPS = {"depthwise-conv2d-fix", "transposed-depthwise-conv2d-fix", "pool-fix", "hard-sigmoid-fix",
-            "leaky-relu-fix", "prelu-fix", "reduction-max-fix", "leaky-relu", "prelu", "hard-sigmoid"}
-_ELEW_OPS = {"eltwise-fix", "upsample-fix", "eltwise", "mul-fix", "add-fix"}
+            "leaky-relu-fix", "prelu-fix", "reduction-max-fix"}
+_ELEW_OPS = {"eltwise-fix", "upsample-fix"}
 _KIND = {**{t: 0 for t in _CONV_OPS}, **{t: 1 for t in _ALU_OPS}, **{t: 2 for t in _ELEW_OPS}}
 _OP_KIND = {OP_INDEX["CONV"]: 0, OP_INDEX["CONVINIT"]: 0, OP_INDEX["ALU"]: 1, OP_INDEX["ALUINIT"]: 1,
             OP_INDEX["ELEW"]: 2, OP_INDEX["ELEWINIT"]: 2}
@@ -333,27 +333,12 @@ def _signature(g: Graph, op, kind: int):
     return (sc, sb)
 
 
-def _token_partners(op, eng, on, by, n):
-    """For each (P, C) pair: arrays of signaller and waiter instruction indices, k-th with k-th."""
-    sig, wait = {}, {}
-    for p in range(4):
-        for c in range(4):
-            if p == c:
-                continue
-            s_idx = np.nonzero((eng == p) & (((by >> c) & 1) == 1))[0]
-            w_idx = np.nonzero((eng == c) & (((on >> p) & 1) == 1))[0]
-            k = min(len(s_idx), len(w_idx))
-            sig[(p, c)] = (s_idx[:k], w_idx[:k])
-    return sig
-
-
 def _attribute(dpu: DpuSubgraph, s: Schedule, layers: list[Layer]) -> np.ndarray:
     n = len(s)
     a = dpu.arrays
     op = a.op[:n].astype(np.int64)
     fl = a.fields[:n]
     eng = s.engine
-    on, by = a.dpdon[:n].astype(np.int64), a.dpdby[:n].astype(np.int64)
     lay = np.full(n, -1, np.int64)
     if not layers:
         return np.zeros(n, np.int64)
@@ -417,17 +402,13 @@ def _attribute(dpu: DpuSubgraph, s: Schedule, layers: list[Layer]) -> np.ndarray
         lay[i] = j[0]
         j[4] += made
         layers[j[0]].produced[j[1]] = layers[j[0]].produced.get(j[1], 0) + made
-    # LOAD -> consumer of its group's token; SAVE -> producer of its group's token
-    partners = _token_partners(op, eng, on, by, n)
+    # LOAD -> consumer of its group's token; SAVE -> producer of its group's token (the schedule's pairing)
+    src = s.token_source
     consumer = np.full(n, -1, np.int64)
-    producer = np.full(n, -1, np.int64)
-    for (p, c), (si, wi) in partners.items():
-        if p == 0 and c in (2, 3):
-            m = consumer[si] < 0
-            consumer[si[m]] = wi[m]
-        if c == 1 and p in (2, 3):
-            m = producer[wi] < 0
-            producer[wi[m]] = si[m]
+    for c in (3, 2):                          # a CONV consumer wins over a MISC one
+        w = np.nonzero((eng == c) & (src[:, 0] >= 0))[0]
+        consumer[src[w, 0]] = w
+    producer = np.where(eng == 1, np.where(src[:, 2] >= 0, src[:, 2], src[:, 3]), -1)
     compute = np.nonzero(lay >= 0)[0]
     last = compute[-1] if len(compute) else -1
     nxt_signal = -1
@@ -469,12 +450,8 @@ def _charge_cycles(s: Schedule, lay: np.ndarray, nlayers: int) -> np.ndarray:
         o = idx[np.argsort(s.start[idx], kind="stable")]
         st, en = s.start[o], s.end[o]
         reach = np.maximum.accumulate(en)
-        arg = np.zeros(len(en), np.int64)
-        best = 0
-        for j in range(len(en)):            # index of the interval reaching furthest so far
-            if en[j] >= en[best]:
-                best = j
-            arg[j] = best
+        # index of the interval reaching furthest so far (the latest one on ties)
+        arg = np.maximum.accumulate(np.where(en == reach, np.arange(len(en)), 0))
         pos = np.searchsorted(st, seg_s, side="right") - 1
         ok = (pos >= 0)
         act = np.zeros(len(seg_s), bool)

@@ -45,6 +45,7 @@ class Runner:
         self.stats: dict = {}
         self._jobs: dict[int, int] = {}
         self._machine = None
+        self.schedule = None            # sim mode: sim.timing.Schedule of the last job
         if self.device == "DPU":
             self.dpu = DpuSubgraph(self.graph, subgraph)
             self.target = self.dpu.target
@@ -59,7 +60,6 @@ class Runner:
                 self.target = want
             if timing:
                 self.target = self.target.with_timing(**timing)
-            self.schedule = None
             self._inputs = self.dpu.inputs
             self._outputs = self.dpu.outputs
         elif self.device == "CPU":

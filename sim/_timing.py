@@ -132,12 +132,13 @@ def costs(op, fl, stop, tp, tm, cost, port, ddr_reg, ddr_rd, ddr_wr, err):
 
 @njit(cache=True)
 def schedule(eng, dpdon, dpdby, words, cost, port, n, tm, fetch, disp, start, end, ret, st_tok, st_q, st_ddr,
-             info, tok):
+             info, tok, src):
     """Fetch/dispatch/start/end/retire cycles of instructions 0..n-1 (docs/microarchitecture.md §2).
 
     Returns ST_OK, ST_DEADLOCK or ST_WATCHDOG. info = [first undispatched instruction, head instruction of
     each engine (4), instructions scheduled, watchdog instruction]; tok[0] = waits consumed and tok[1] =
-    signals delivered per (producer, consumer) pair.
+    signals delivered per (producer, consumer) pair; src[k, P] = the instruction whose signal k consumed
+    on (P, engine of k), or -1.
     """
     lf = tm[TM_FETCH_LAT]
     fifo = tm[TM_FIFO]
@@ -169,6 +170,7 @@ def schedule(eng, dpdon, dpdby, words, cost, port, n, tm, fetch, disp, start, en
         if cnt[ee] > maxsig:
             maxsig = cnt[ee]
     sig = np.empty((NENG * NENG, maxsig), np.int64)
+    sig_from = np.empty((NENG * NENG, maxsig), np.int64)
     nsig = np.zeros((NENG, NENG), np.int64)
     nwait = np.zeros((NENG, NENG), np.int64)
     head = np.zeros(NENG, np.int64)
@@ -245,10 +247,13 @@ def schedule(eng, dpdon, dpdby, words, cost, port, n, tm, fetch, disp, start, en
                 rr = end[h] if end[h] > prev_ret[ee] else prev_ret[ee]
                 ret[h] = rr
                 for p in range(NENG):
+                    src[h, p] = -1
                     if p != ee and ((dpdon[h] >> p) & 1) != 0:
+                        src[h, p] = sig_from[p * NENG + ee, nwait[p, ee]]
                         nwait[p, ee] += 1
                     if p != ee and ((dpdby[h] >> p) & 1) != 0:
                         sig[ee * NENG + p, nsig[ee, p]] = rr
+                        sig_from[ee * NENG + p, nsig[ee, p]] = h
                         nsig[ee, p] += 1
                 if pp >= 0:
                     port_free[pp] = end[h]

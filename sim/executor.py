@@ -58,6 +58,18 @@ def _target_params(t: Target) -> np.ndarray:
     return tp
 
 
+def checked_arrays(prog: ProgramArrays, op_dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
+    """Contiguous (op, fields) of a ProgramArrays, with the shape and opcode checks the kernels rely on."""
+    op = np.ascontiguousarray(prog.op, dtype=op_dtype)
+    fl = np.ascontiguousarray(prog.fields, dtype=np.int64)
+    if op.ndim != 1 or fl.ndim != 2 or fl.shape[0] != len(op) or fl.shape[1] < MAX_FIELDS:
+        raise ValueError(f"ProgramArrays: op must be [N] and fields [N, {MAX_FIELDS}], got {op.shape} and "
+                         f"{fl.shape}")
+    if len(op) and (int(op.min()) < 0 or int(op.max()) >= len(OPS)):
+        raise ValueError(f"ProgramArrays.op holds values outside 0..{len(OPS) - 1}")
+    return op, fl
+
+
 _FILL_CACHE: dict[tuple[int, int, int], np.ndarray] = {}
 
 
@@ -182,13 +194,7 @@ class DpuMachine:
             stop = n
         if start < 0 or start > stop:
             raise ValueError(f"bad instruction range [{start}, {stop}) for a program of {n}")
-        op = np.ascontiguousarray(prog.op, dtype=np.int32)
-        fl = np.ascontiguousarray(prog.fields, dtype=np.int64)
-        if fl.ndim != 2 or fl.shape[1] < MAX_FIELDS:
-            raise ValueError(f"ProgramArrays.fields must be [N, {MAX_FIELDS}]")
-        ops = op[start:stop]
-        if len(ops) and (int(ops.min()) < 0 or int(ops.max()) >= len(OPS)):
-            raise ValueError(f"ProgramArrays.op holds values outside 0..{len(OPS) - 1}")
+        op, fl = checked_arrays(prog, np.int32)
         self._err[:] = 0
         K.run_range(op, fl, start, stop, self.banks, self._ddr, self._reg_off, self._reg_size, self._tp,
                     self._conv_st, self._alu_st, self._elew_st, self._elew_ok, self._counts,

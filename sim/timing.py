@@ -18,7 +18,7 @@ from isa.program import Instruction, OP_INDEX, ProgramArrays, to_arrays
 from isa.target import Target
 
 from . import _timing as T
-from .executor import DpuMachine, ExecError, _target_params
+from .executor import DpuMachine, ExecError, _target_params, checked_arrays
 
 ENGINES = ENGINE_NAMES            # ("LOAD", "SAVE", "CONV", "MISC"), spec §5.1
 _END = OP_INDEX["END"]
@@ -77,6 +77,7 @@ class Schedule:
     ddr_reg: np.ndarray
     ddr_read: np.ndarray
     ddr_write: np.ndarray
+    token_source: np.ndarray      # [N, 4]: instruction whose signal each wait consumed, per producer engine
     complete: bool = True
     extra: dict = field(default_factory=dict)
 
@@ -171,7 +172,7 @@ def _union_length(s: np.ndarray, e: np.ndarray) -> int:
     s, e = s[o], e[o]
     reach = np.maximum.accumulate(e)
     prev = np.concatenate(([s[0]], reach[:-1]))
-    return int(np.sum(np.maximum(0, e - np.maximum(s, prev)).clip(min=0)))
+    return int(np.maximum(0, e - np.maximum(s, prev)).sum())
 
 
 def _as_arrays(program) -> ProgramArrays:
@@ -189,10 +190,9 @@ def simulate(program, target: Target, machine: DpuMachine | None = None) -> Sche
     what sweeps use. Functional execution happens in schedule start order (ties in program order).
     """
     prog = _as_arrays(program)
-    op = np.ascontiguousarray(prog.op, dtype=np.int64)
-    fl = np.ascontiguousarray(prog.fields, dtype=np.int64)
-    if len(op) and (int(op.min()) < 0 or int(op.max()) >= len(OPS)):
-        raise ValueError(f"ProgramArrays.op holds values outside 0..{len(OPS) - 1}")
+    op, fl = checked_arrays(prog)
+    if len(prog.dpdon) != len(op) or len(prog.dpdby) != len(op):
+        raise ValueError(f"ProgramArrays: dpdon/dpdby must have {len(op)} entries")
     ends = np.nonzero(op == _END)[0]
     n = int(ends[0]) + 1 if len(ends) else len(op)
     tp = _target_params(target)
@@ -217,10 +217,11 @@ def simulate(program, target: Target, machine: DpuMachine | None = None) -> Sche
     arrs = [np.zeros(n, np.int64) for _ in range(8)]
     info = np.zeros(8, np.int64)
     tok = np.zeros((2, 4, 4), np.int64)
-    status = T.schedule(eng, on, by, words, cost, port, n, tm, *arrs, info, tok)
+    src = np.full((n, 4), -1, np.int64)
+    status = T.schedule(eng, on, by, words, cost, port, n, tm, *arrs, info, tok, src)
     fetch, disp, start, end, ret, st_tok, st_q, st_ddr = arrs
     sched = Schedule(target, op[:n].copy(), eng, cost, fetch, disp, start, end, ret, st_tok, st_q, st_ddr,
-                     port, ddr_reg, ddr_rd, ddr_wr, complete=status == T.ST_OK)
+                     port, ddr_reg, ddr_rd, ddr_wr, src, complete=status == T.ST_OK)
     if status == T.ST_DEADLOCK:
         raise _deadlock(sched, info, tok, on, tm)
     if status == T.ST_WATCHDOG:

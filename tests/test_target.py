@@ -73,3 +73,18 @@ def test_parametric_targets():
     assert u.fingerprint is None and "D1024" in u.name and u.bank_depth == 1024
     with pytest.raises(TargetError, match="pixel_parallel 9"):
         Target.parametric(9, 8)
+
+
+def test_arch_json_timing_object(tmp_path):
+    import json
+    p = tmp_path / "arch.json"
+    p.write_text(json.dumps({"target": "B1024", "timing": {"clock_mhz": 250, "ddr_latency": 90}}))
+    t = Target.from_arch_json(str(p))
+    assert (t.pp, t.cp) == (8, 8) and t.timing.clock_mhz == 250 and t.timing.ddr_latency == 90
+    assert t.timing.queue_depth == 4                       # unchanged defaults
+    p.write_text(json.dumps({"target": "B1024", "timing": {"clock_mhz": "fast"}}))
+    with pytest.raises(TargetError, match="clock_mhz must be > 0"):
+        Target.from_arch_json(str(p))
+    p.write_text(json.dumps({"target": "B1024", "timing": {"ddr_latncy": 3}}))
+    with pytest.raises(TargetError, match="unknown timing parameter"):
+        Target.from_arch_json(str(p))

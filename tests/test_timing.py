@@ -43,12 +43,14 @@ def words_before(prog_ops):
 
 
 def check_single(s, cost, words):
-    """x is instruction -2 (END last); with nothing to wait for: F = L_f + words - 1, d = F + 1, s = d + 1."""
+    """x is instruction -2 (END last), `words` = words fetched through x: F = L_f + words - 1; when x is
+    the first instruction, d = F + 1 and s = d + 1."""
     k = len(s) - 2
     lf = TM["fetch_latency"]
     assert s.cost[k] == cost
     assert s.fetch[k] == lf + words - 1
-    assert s.start[k] == max(lf + words + 1, s.start[k - 1] + 1 if k else 0) or k > 0
+    if k == 0:
+        assert (s.dispatch[0], s.start[0]) == (lf + words, lf + words + 1)
     assert s.end[k] == s.start[k] + cost
     # END waits (token) for x's retire; END costs end_cycles=1
     assert s.start[-1] == s.retire[k]
@@ -350,3 +352,14 @@ def test_timed_order_error_names_original_instruction(mnist_path):
     m = d.new_machine()
     with pytest.raises(ExecError, match=rf"instruction {k} \(SAVE\): field ddr_addr=10000000"):
         simulate(ProgramArrays(a.op, a.dpdon, a.dpdby, f), d.target, machine=m)
+
+
+def test_malformed_program_arrays_are_rejected():
+    from isa.program import ProgramArrays
+    a = to_arrays([mk("CONVINIT"), END()])
+    with pytest.raises(ValueError, match=r"fields \[N, 22\]"):
+        simulate(ProgramArrays(a.op, a.dpdon, a.dpdby, a.fields[:, :5]), T16)
+    with pytest.raises(ValueError, match="op holds values outside"):
+        simulate(ProgramArrays(a.op + 40, a.dpdon, a.dpdby, a.fields), T16)
+    with pytest.raises(ValueError, match="dpdon/dpdby must have 2 entries"):
+        simulate(ProgramArrays(a.op, a.dpdon[:1], a.dpdby, a.fields), T16)
