@@ -1,0 +1,70 @@
+"""Interfaces between the core's control, its engines, the banks and the memory ports.
+
+All signatures are written from the *requester's* side (the engine or the control); the responder
+(the bank array, the DDR model) uses `In(...)` of the same signature. Timing conventions:
+
+* Bank and DDR reads are synchronous: `data` is valid in the cycle after the one with `en` high.
+* Writes take effect at the end of the cycle in which `en` is high.
+* `EngineCtl`: the control raises `start` for one cycle (cycle s) with the instruction in `instr`
+  (word w at bits [32w, 32w+32)). The engine must raise `end` for one cycle exactly in cycle s + cost,
+  where cost is the formula of docs/microarchitecture.md §3, and must have completed every bank / DDR
+  write of the instruction by then (writes issued in cycle s + cost - 1 at the latest). The engine
+  accepts the next `start` in any cycle from s + cost on, including the cycle of its `end`.
+"""
+from __future__ import annotations
+
+from amaranth.hdl import unsigned
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from .params import HwParams
+
+
+def engine_ctl(p: HwParams) -> wiring.Signature:
+    """Control -> engine: start pulse with the instruction words; engine -> control: end pulse."""
+    return wiring.Signature({"start": Out(1), "instr": Out(p.instr_bits), "end": In(1)})
+
+
+def bank_read(p: HwParams) -> wiring.Signature:
+    """Read one line of bank `bank` (absolute bank id) at line `addr`; `data` the next cycle."""
+    return wiring.Signature({"en": Out(1), "bank": Out(p.bank_id_bits), "addr": Out(p.addr_bits),
+                             "data": In(8 * p.width)})
+
+
+def bank_write(p: HwParams) -> wiring.Signature:
+    """Write one whole line (byte i at bits [8i, 8i+8)) of bank `bank` at line `addr`."""
+    return wiring.Signature({"en": Out(1), "bank": Out(p.bank_id_bits), "addr": Out(p.addr_bits),
+                             "data": Out(8 * p.width)})
+
+
+def line_read(p: HwParams) -> wiring.Signature:
+    """Read one line of a fixed bank (DWCONVW or BIAS)."""
+    return wiring.Signature({"en": Out(1), "addr": Out(p.addr_bits), "data": In(8 * p.width)})
+
+
+def convw_read(p: HwParams) -> wiring.Signature:
+    """Read the same line of all OCP CONVW banks at once; data[o] is the line of CONVW bank o."""
+    return wiring.Signature({"en": Out(1), "addr": Out(p.addr_bits),
+                             "data": In(data.ArrayLayout(unsigned(8 * p.width), p.ocp))})
+
+
+def ddr_read(p: HwParams) -> wiring.Signature:
+    """Read W bytes at any byte address (no alignment); `data` (byte i = address addr+i) the next cycle."""
+    return wiring.Signature({"en": Out(1), "addr": Out(p.ddr_addr_bits), "data": In(8 * p.width)})
+
+
+def ddr_write(p: HwParams) -> wiring.Signature:
+    """Write the bytes of `data` whose `mask` bit is set, byte i to address addr+i."""
+    n = p.ddr_wr_bytes
+    return wiring.Signature({"en": Out(1), "addr": Out(p.ddr_addr_bits), "data": Out(8 * n),
+                             "mask": Out(n)})
+
+
+def instr_read(p: HwParams) -> wiring.Signature:
+    """Instruction port: read the 32-bit word at word address `addr`; `data` the next cycle."""
+    return wiring.Signature({"en": Out(1), "addr": Out(p.instr_addr_bits), "data": In(32)})
+
+
+def ddr_bases(p: HwParams):
+    """The eight DDR base registers ADDR_0..ADDR_7 (spec §2.6), as seen by LOAD and SAVE."""
+    return data.ArrayLayout(unsigned(p.ddr_addr_bits), p.num_ddr_regs)
