@@ -299,6 +299,61 @@ def cmd_sweep(a) -> int:
     return 0
 
 
+def cmd_cosim(a) -> int:
+    """RTL vs cycle model on an xmodel's DPU subgraphs, or on random generated programs."""
+    from isa.target import get_target
+    from sim.cosim import check_target_matches, cosim_programs, dump_waves, subgraph_program
+    tm = _timing_overrides(a)
+    programs = []
+    if a.random:
+        if not a.target:
+            raise CliError("--random needs --target (a preset, fingerprint or arch.json)")
+        from sim.progen import random_program
+        t = get_target(a.target)
+        t = t.with_timing(**tm) if tm else t
+        for i in range(a.random):
+            gp = random_program(t, a.instructions, seed=a.seed + i)
+            programs.append((f"random seed {a.seed + i}", gp.instructions, gp.reg_sizes, gp.reg_init))
+        groups = [(t, programs)]
+    else:
+        if not a.model:
+            raise CliError("give an xmodel, or --random N with --target")
+        from runtime.dpu import DpuSubgraph, dpu_subgraphs
+        g = _load_graph(a.model)
+        rng = np.random.default_rng(a.seed)
+        groups = []
+        for sg in dpu_subgraphs(g):
+            if a.subgraph and sg.name != a.subgraph:
+                continue
+            dsg = DpuSubgraph(g, sg)
+            t = dsg.target
+            if a.target:
+                want = get_target(a.target)
+                check_target_matches(dsg.target, want, f"subgraph {sg.name!r}")
+                t = want
+            t = t.with_timing(**tm) if tm else t
+            xs = [rng.integers(-128, 128, size=s.dims, dtype=np.int8) for s in dsg.inputs]
+            instrs, sizes, init = subgraph_program(dsg, xs, t)
+            groups.append((t, [(sg.name, instrs, sizes, init)]))
+        if not groups:
+            raise CliError(f"{a.model} has no DPU subgraph" + (f" named {a.subgraph!r}" if a.subgraph else ""))
+    bad = 0
+    for t, progs in groups:
+        t0 = time.perf_counter()
+        reps = cosim_programs(t, progs, backend=a.rtl_sim, log=lambda s: print(s, file=sys.stderr))
+        dt = time.perf_counter() - t0
+        for rep, prog in zip(reps, progs):
+            print(rep.summary())
+            if not rep.ok:
+                bad += 1
+                if a.waves:
+                    path = dump_waves(t, prog, rep, a.waves, backend=a.rtl_sim)
+                    print(f"  waveform window written to {path} (+ .gtkw)")
+        print(f"{len(reps)} program(s) on {t.name or t.describe()}: {sum(r.ok for r in reps)} match; "
+              f"{dt:.1f} s wall including build")
+    return 1 if bad else 0
+
+
 def cmd_targets(a) -> int:
     from isa.target import PRESETS, Target
     ts = [Target.from_name(n) for n in PRESETS]
@@ -320,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("model")
     r.add_argument("-i", "--input", action="append", help="input .npy/.bin (one per graph input) or one .npz")
     r.add_argument("-o", "--output", help="write graph outputs by tensor name to this .npz")
-    r.add_argument("--backend", choices=("ref", "sim"), default="sim")
+    r.add_argument("--backend", choices=("ref", "sim", "rtl"), default="sim",
+                   help="ref = XIR reference ops, sim = cycle model, rtl = the Amaranth RTL in Verilator")
     r.add_argument("--target", help="preset name, fingerprint or arch.json (must match the model)")
     r.add_argument("--dump", help="write every DPU-subgraph and per-layer output (.bin + .txt) here")
     r.add_argument("--golden", help="compare per layer with the golden .bin files in this directory")
@@ -362,6 +418,19 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--target", help="preset, fingerprint or arch.json (timing base); must match the model")
     sw.add_argument("--csv", help="write the rows as CSV")
     sw.set_defaults(fn=cmd_sweep)
+    cs = sub.add_parser("cosim", help="co-simulate the RTL against the cycle model (bytes and cycles)")
+    cs.add_argument("model", nargs="?", help="xmodel (every DPU subgraph, random inputs)")
+    cs.add_argument("--target", help="preset, fingerprint or arch.json (must match the model's bank layout)")
+    cs.add_argument("--timing", action="append", metavar="KEY=VALUE", help="override a timing parameter")
+    cs.add_argument("--subgraph", help="only this DPU subgraph")
+    cs.add_argument("--random", type=int, default=0, metavar="N", help="N random programs (sim.progen) instead")
+    cs.add_argument("--instructions", type=int, default=60, help="instructions per random program")
+    cs.add_argument("--seed", type=int, default=0, help="input / program seed (reproducible)")
+    cs.add_argument("--rtl-sim", default="verilator", choices=("verilator", "cocotb-verilator", "cocotb-icarus"),
+                    help="RTL simulator flow (default verilator)")
+    cs.add_argument("--waves", metavar="DIR", nargs="?", const="waveforms",
+                    help="on a mismatch, dump a VCD window around the first divergence into DIR (default waveforms/)")
+    cs.set_defaults(fn=cmd_cosim)
     t = sub.add_parser("targets", help="list the ISA1 presets")
     t.add_argument("--json", action="store_true")
     t.set_defaults(fn=cmd_targets)
@@ -376,13 +445,14 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.ops import OpError
     from sim.executor import ExecError
     from sim.timing import DeadlockError, WatchdogError
+    from hw.params import HwError
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args) or 0)
     except BrokenPipeError:
         return 0
     except (CliError, XModelError, IsaError, TargetError, RuntimeErrorDPU, OpError, ExecError, DeadlockError,
-            WatchdogError) as e:
+            WatchdogError, HwError) as e:
         print(f"opendpu {args.cmd}: error: {e}", file=sys.stderr)
         return 2
 

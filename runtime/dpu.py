@@ -12,6 +12,7 @@ import numpy as np
 
 from compiler.xir.graph import Graph, Op, Subgraph, Tensor, XModelError
 from isa.program import IsaError, ProgramArrays, decode, to_arrays
+from isa.fields import BY_NAME
 from isa.target import Target, TargetError
 
 
@@ -257,6 +258,27 @@ class DpuSubgraph:
         self.write_inputs(m, inputs)
         self.last_schedule = simulate(self.arrays, target or self.target, machine=m)
         return self.read_outputs(m)
+
+    def run_rtl(self, inputs: list[np.ndarray], target: Target | None = None, backend: str | None = None):
+        """Execute mc_code on the RTL of the core (hw/, Verilator by default; OPENDPU_RTL_SIM picks the
+        simulator). Returns (outputs, hw.harness.RtlResult)."""
+        import os
+        from hw.harness import Job, build, ddr_needed, run_jobs
+        from sim.cosim import subgraph_program
+        t = target or self.target
+        instrs, sizes, init = subgraph_program(self, inputs, t)
+        n = next((k + 1 for k, ins in enumerate(instrs) if ins.op == "END"), len(instrs))
+        code = self.mc_code[:4 * sum(BY_NAME[ins.op].words for ins in instrs[:n])]
+        b = build(t, backend or os.environ.get("OPENDPU_RTL_SIM", "verilator"), ddr_bytes=ddr_needed(sizes))
+        res = run_jobs(b, [Job(code, sizes, init, ninstr=n, name=self.name)])[0]
+        if res.status != "done":
+            raise RuntimeErrorDPU(f"subgraph {self.name!r}: the RTL did not finish within {res.waited} cycles "
+                                  f"(DPU_STS={res.sts:#x})")
+
+        class _Ddr:
+            def ddr(self, r):
+                return res.ddr[r]
+        return self.read_outputs(_Ddr()), res
 
     def run_ref(self, inputs: list[np.ndarray], keep: bool = False) -> tuple[list[np.ndarray], dict]:
         """Evaluate the subgraph's ops on the XIR reference; returns (outputs, values by op name if keep)."""

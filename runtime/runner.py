@@ -1,6 +1,6 @@
 """VART-shaped runners: one API, several backends.
 
-`create_runner(subgraph, mode)` returns a `Runner` for a DPU subgraph (modes "ref", "sim"; "run" = "sim")
+`create_runner(subgraph, mode)` returns a `Runner` for a DPU subgraph (modes "ref", "sim", "rtl"; "run" = "sim")
 or a CPU subgraph. `GraphRunner` executes a whole xmodel: USER inputs are quantized with their fix_point
 and DPU rounding, DPU subgraphs run on the chosen backend, CPU subgraphs on the reference ops or on
 user-registered custom ops (`runtime.register_op`).
@@ -17,7 +17,7 @@ from isa.target import Target, get_target
 from runtime.dpu import DpuSubgraph, RuntimeErrorDPU, TensorSpec, tensor_spec
 from runtime.ops import evaluate_op
 
-MODES = ("ref", "sim")
+MODES = ("ref", "sim", "rtl")
 _job_ids = itertools.count(1)
 
 
@@ -35,8 +35,7 @@ class Runner:
         if mode == "run":
             mode = "sim"
         if mode not in MODES:
-            raise RuntimeErrorDPU(f"unknown runner mode {mode!r}; use one of {', '.join(MODES)} "
-                                  f"('rtl' arrives with the RTL backend)")
+            raise RuntimeErrorDPU(f"unknown runner mode {mode!r}; use one of {', '.join(MODES)}")
         self.graph = graph or getattr(subgraph, "graph", None)
         if self.graph is None:
             raise RuntimeErrorDPU(f"subgraph {subgraph.name!r} is not attached to a graph")
@@ -152,6 +151,12 @@ class Runner:
                 self.schedule = self.dpu.last_schedule
                 self.stats = dict(self._machine.stats, cycles=self.schedule.total_cycles,
                                   latency_ms=self.schedule.latency_ms, clock_mhz=self.schedule.clock_mhz)
+                return out
+            if self.mode == "rtl":
+                out, res = self.dpu.run_rtl(inputs, target=self.target)
+                self.stats = dict(cycles=res.cycles, latency_ms=res.cycles / (self.target.timing.clock_mhz * 1e3),
+                                  clock_mhz=self.target.timing.clock_mhz, rtl_wall_s=res.wall_seconds,
+                                  counters=res.counters)
                 return out
             out, _ = self.dpu.run_ref(inputs)
             return out

@@ -1,0 +1,147 @@
+"""One DPUCZDX8G ISA1 core: control, LOAD, SAVE units, CONV, MISC, banks and the host register map.
+
+The core has three memory-side ports, all simple synchronous ports (data the cycle after the request):
+the 32-bit instruction port, one W-byte DDR read port (LOAD) and one DDR write port per AXI data port
+(SAVE units). AXI latency and bandwidth are modelled inside the engines by the timing parameters of
+the Target (docs/microarchitecture.md), so a plain memory behind these ports gives the documented
+cycle counts. The host programs the core through the register map of spec §2.7 (`bus_*`).
+"""
+from __future__ import annotations
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from . import iface
+from .banks import BankArray
+from .control import Control, n_end_slots, n_ret_slots
+from .conv import ConvEngine
+from .loadsave import LoadEngine, SaveUnit
+from .misc import MiscEngine
+from .params import HwParams
+
+# Register offsets (spec §2.7).
+AP_CTRL, GIE, IER, ISR = 0x00, 0x04, 0x08, 0x0C
+SYS, TIMESTAMP, FREQ = 0x20, 0x24, 0x28
+IRQ_CLR, PROF_ENA, HP_BUS = 0x40, 0x44, 0x48
+INSTR_ADDR_LO, INSTR_ADDR_HI, PROF_ADDR_LO, PROF_ADDR_HI = 0x50, 0x54, 0x58, 0x5C
+ADDR_BASE = 0x60                                  # ADDR_k lo at 0x60 + 8k, hi at 0x64 + 8k
+COUNTERS = {"LSTART": 0x180, "LEND": 0x184, "CSTART": 0x188, "CEND": 0x18C,
+            "SSTART": 0x190, "SEND": 0x194, "MSTART": 0x198, "MEND": 0x19C}
+EXEC_CYCLE_LO, EXEC_CYCLE_HI, DPU_STS, AXI_STS = 0x1A0, 0x1A4, 0x1A8, 0x1AC
+FINGERPRINT_LO, FINGERPRINT_HI = 0x1F0, 0x1F4
+ENGINE_OF_COUNTER = {"L": 0, "S": 1, "C": 2, "M": 3}
+
+
+class DpuCore(wiring.Component):
+    """The whole core, generated from HwParams (every constructor argument comes from the Target)."""
+
+    def __init__(self, p: HwParams):
+        self.p = p
+        ib = p.idx_bits
+        super().__init__({
+            "bus_addr": In(12), "bus_wdata": In(32), "bus_we": In(1), "bus_rdata": Out(32),
+            "irq": Out(1), "ap_done": Out(1),
+            "ifetch": Out(iface.instr_read(p)),
+            "ddr_rd": Out(iface.ddr_read(p)),
+            "ddr_wr": Out(iface.ddr_write(p)).array(p.ddr_ports),
+            "cyc": Out(p.cycle_bits),
+            "tr_start_v": Out(4), "tr_start_idx": Out(4 * ib),
+            "tr_end_v": Out(n_end_slots(p)), "tr_end_idx": Out(n_end_slots(p) * ib),
+            "tr_ret_v": Out(n_ret_slots(p)), "tr_ret_idx": Out(n_ret_slots(p) * ib),
+        })
+
+    def elaborate(self, platform):
+        p = self.p
+        m = Module()
+        m.submodules.control = ctl = Control(p)
+        m.submodules.banks = banks = BankArray(p)
+        m.submodules.load = load = LoadEngine(p)
+        m.submodules.conv = conv = ConvEngine(p)
+        m.submodules.misc = misc = MiscEngine(p)
+        saves = []
+        for u in range(p.ddr_ports):
+            s = SaveUnit(p)
+            m.submodules[f"save{u}"] = s
+            saves.append(s)
+
+        wiring.connect(m, ctl.load, load.ctl)
+        wiring.connect(m, ctl.conv, conv.ctl)
+        wiring.connect(m, ctl.misc, misc.ctl)
+        for u, s in enumerate(saves):
+            wiring.connect(m, ctl.save[u], s.ctl)
+            wiring.connect(m, s.bank_rd, banks.save_rd[u])
+            wiring.connect(m, s.ddr_wr, wiring.flipped(self.ddr_wr[u]))
+        wiring.connect(m, load.bank_wr, banks.load_wr)
+        wiring.connect(m, load.ddr_rd, wiring.flipped(self.ddr_rd))
+        for h in range(p.pp):
+            wiring.connect(m, conv.img_rd[h], banks.conv_rd[h])
+            wiring.connect(m, conv.img_wr[h], banks.conv_wr[h])
+        wiring.connect(m, conv.w_rd, banks.convw_rd)
+        wiring.connect(m, conv.bias_rd, banks.conv_bias_rd)
+        for h in range(p.alu_pp):
+            wiring.connect(m, misc.img_rd[h], banks.misc_rd[h])
+            wiring.connect(m, misc.img_wr[h], banks.misc_wr[h])
+        wiring.connect(m, misc.dw_rd, banks.dw_rd)
+        wiring.connect(m, misc.bias_rd, banks.misc_bias_rd)
+        wiring.connect(m, ctl.ifetch, wiring.flipped(self.ifetch))
+
+        # ---- host registers (spec §2.7) ----
+        regs = {}
+
+        def reg(addr, width=32, name=None):
+            s = Signal(width, name=name or f"reg_{addr:03x}")
+            regs[addr] = s
+            return s
+
+        gie, ier, isr = reg(GIE), reg(IER), reg(ISR)
+        prof_ena, hp_bus = reg(PROF_ENA), reg(HP_BUS)
+        ia_lo, ia_hi = reg(INSTR_ADDR_LO), reg(INSTR_ADDR_HI)
+        pa_lo, pa_hi = reg(PROF_ADDR_LO), reg(PROF_ADDR_HI)
+        addr_lo = [reg(ADDR_BASE + 8 * k, name=f"addr{k}_lo") for k in range(8)]
+        addr_hi = [reg(ADDR_BASE + 8 * k + 4, name=f"addr{k}_hi") for k in range(8)]
+        writable = dict(regs)
+        done_sticky = Signal()
+        exec_cycle = Signal(p.cycle_bits)
+        go = Signal()
+        with m.If(self.bus_we):
+            with m.Switch(self.bus_addr):
+                for a, s in writable.items():
+                    with m.Case(a):
+                        m.d.sync += s.eq(self.bus_wdata)
+                with m.Case(AP_CTRL):
+                    m.d.comb += go.eq(self.bus_wdata[0] & ~ctl.running)
+                with m.Case(IRQ_CLR):
+                    with m.If(self.bus_wdata != 0):
+                        m.d.sync += [done_sticky.eq(0), isr.eq(0)]
+                with m.Case(ISR):
+                    m.d.sync += isr.eq(isr & ~self.bus_wdata)
+        m.d.comb += [ctl.go.eq(go), ctl.instr_base.eq(ia_lo >> 2)]
+        with m.If(go):
+            m.d.sync += done_sticky.eq(0)
+        with m.If(ctl.done):
+            m.d.sync += [done_sticky.eq(1), exec_cycle.eq(ctl.cyc), isr.eq(isr | ier[0])]
+        m.d.comb += [self.irq.eq(gie[0] & isr[0]), self.ap_done.eq(done_sticky), self.cyc.eq(ctl.cyc)]
+        for k in range(8):
+            m.d.comb += [load.ddr_base[k].eq(addr_lo[k])] + [s.ddr_base[k].eq(addr_lo[k]) for s in saves]
+
+        fp = p.target.fingerprint or 0
+        rd = {AP_CTRL: ctl.running | (done_sticky << 1) | ((~ctl.running) << 2) | ((~ctl.running) << 3),
+              FREQ: int(round(p.t.clock_mhz)),
+              EXEC_CYCLE_LO: exec_cycle[:32], EXEC_CYCLE_HI: exec_cycle[32:],
+              DPU_STS: ctl.err, AXI_STS: 0,
+              FINGERPRINT_LO: fp & 0xFFFFFFFF, FINGERPRINT_HI: fp >> 32}
+        for name, a in COUNTERS.items():
+            e = ENGINE_OF_COUNTER[name[0]]
+            rd[a] = ctl.cnt_start[e] if name.endswith("START") else ctl.cnt_end[e]
+        rd.update(writable)
+        with m.Switch(self.bus_addr):
+            for a, v in rd.items():
+                with m.Case(a):
+                    m.d.comb += self.bus_rdata.eq(v)
+
+        # ---- trace ----
+        m.d.comb += [self.tr_start_v.eq(ctl.tr_start_v), self.tr_start_idx.eq(ctl.tr_start_idx.as_value()),
+                     self.tr_end_v.eq(ctl.tr_end_v), self.tr_end_idx.eq(ctl.tr_end_idx.as_value()),
+                     self.tr_ret_v.eq(ctl.tr_ret_v), self.tr_ret_idx.eq(ctl.tr_ret_idx.as_value())]
+        return m

