@@ -141,19 +141,26 @@ def cosim_programs(target, programs, backend: str = "verilator", log=None, timeo
     """Co-simulate several programs in one RTL simulator process.
 
     `programs` is a list of (name, instructions, reg_sizes, reg_init); reg_init maps reg -> int8 bytes.
+    Banks keep their contents from one program to the next, as on the hardware (the bench resets the
+    core's registers but not its memories), so the model of program k starts from the banks that
+    program k-1 left; the first program starts from zero banks in both.
     """
     from hw.harness import Job, build, ddr_needed, run_jobs
     t = get_target(target) if not isinstance(target, Target) else target
     prepared = []
     jobs = []
     need = 1 << 20
+    banks = None
     for name, instrs, sizes, init in programs:
         instrs = _through_end(instrs)
         m = DpuMachine(t, dict(sizes), init_fill="zero")
+        if banks is not None:
+            m.banks[...] = banks
         for r, d in init.items():
             m.write_ddr(r, 0, np.asarray(d, np.int8))
         t0 = time.time()
         sched = simulate(to_arrays(instrs), t, machine=m)
+        banks = m.banks.copy()
         prepared.append((name, instrs, sched, m, time.time() - t0))
         jobs.append(Job(encode(instrs), dict(sizes), {r: np.asarray(d, np.int8) for r, d in init.items()},
                         ninstr=len(sched), max_cycles=int(sched.total_cycles) * 2 + 10_000, name=name))

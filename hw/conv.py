@@ -1,0 +1,338 @@
+"""The CONV engine: CONVINIT and CONV (spec §6.4), bit-exact with sim/_kernels.py and cycle-exact with
+docs/microarchitecture.md §3.
+
+CONVINIT latches its fields (plus a few per-layer products) and ends after `init_cycles`.
+
+CONV runs one *step* per cycle over (w, ky, kx, g), g innermost: N = length·kernel_h·kernel_w·cg steps.
+
+    cycle s          start: latch the CONV fields and the per-instruction constants (row bases, limits)
+    cycle s+1+j      ISSUE step j: read the PP input lines (row h: input row h·stride_h+ky, column
+                     w·stride_w+kx, line group g) and the OCP weight lines; padding / channel_offset masks
+    cycle s+2+j      MAC: masked inputs x weights, PP x OCP sums of ICP signed 8x8 products, added into
+                     the PP x OCP 48-bit accumulators; the last step of a column copies the sums into R
+    cycle s+3+j      POST (last step of a column only): a = 2·R + bias·2^shift_bias, activation,
+                     DPU rounding, int8 saturation -> Y (PP lines of OCP bytes)
+    cycle s+4+j      WRITE: one output line per valid row (stride_out placement)
+    cycle s+N+lat    end (the tail counter waits out conv_latency after the last issue)
+
+The bias line is read once (issued in cycle s+1, latched in s+2). Column w's POST/WRITE overlap the
+accumulation of column w+1, so the array is busy every cycle. The pipeline needs conv_latency >= 4
+(`MIN_LATENCY["conv_latency"]`): the last write is issued in cycle s+N+3 <= s+cost-1.
+
+Address generation uses counters only (no multiplier in the step loop): the line offset of a step is
+shared by all rows; a row's line is its pass base (a 4-entry shift register that advances when the
+input slot crosses a bank-group boundary) plus that offset.
+"""
+from __future__ import annotations
+
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from . import decode, iface
+from .params import HwParams
+
+
+def _const_divmod(x, d: int, xmax: int):
+    """(x // d, x mod d) for a constant divisor d and 0 <= x <= xmax, without a divider."""
+    if d & (d - 1) == 0:
+        k = d.bit_length() - 1
+        return (x >> k), (x & (d - 1) if d > 1 else Const(0, 1))
+    q = 0
+    for k in range(1, xmax // d + 1):
+        q = q + (x >= k * d)
+    return q, (x - q * d)[:max(1, (d - 1).bit_length())]
+
+
+class ConvEngine(wiring.Component):
+    """CONVINIT + CONV. Ports: ctl, img_rd[PP], img_wr[PP], w_rd, bias_rd (see hw/iface.py)."""
+
+    def __init__(self, p: HwParams):
+        if not (p.icp == p.ocp == p.width):
+            raise ValueError("the CONV engine assumes ICP = OCP = bank width (ISA1)")
+        self.p = p
+        super().__init__({
+            "ctl": In(iface.engine_ctl(p)),
+            "img_rd": Out(iface.bank_read(p)).array(p.pp),
+            "img_wr": Out(iface.bank_write(p)).array(p.pp),
+            "w_rd": Out(iface.convw_read(p)),
+            "bias_rd": Out(iface.line_read(p)),
+        })
+
+    def elaborate(self, platform):
+        p = self.p
+        m = Module()
+        pp, cp, ab = p.pp, p.cp, p.addr_bits
+        amask = (1 << ab) - 1
+
+        def A(v):
+            """An address value reduced modulo DEPTH (low addr_bits bits)."""
+            return v[:ab] if len(v) > ab else v
+
+        words = self.ctl.instr
+        opcode = decode.header(words)["opcode"]
+        fi = decode.fields("CONVINIT", words)
+        fc = decode.fields("CONV", words)
+        start_init = self.ctl.start & (opcode == decode.opcode("CONVINIT"))
+        start_conv = self.ctl.start & (opcode == decode.opcode("CONV"))
+
+        # ================= CONVINIT state (latched at CONVINIT start) =================
+        jr = Signal(ab)          # jump_read          (mod DEPTH)
+        jre = Signal(ab)         # jump_read_endl
+        jw = Signal(ab)          # jump_write
+        sb = Signal(5)           # shift_bias (<= 20 on legal programs)
+        act_relu = Signal()      # act 1 or 4
+        act_relu6 = Signal()     # act 4
+        act_leaky = Signal()     # act 3
+        kk_n = Signal(6)         # min(shift_cut+1, 62)
+        kk_l = Signal(6)         # min(shift_cut+9, 62)
+        rnd_n = Signal(signed(63))   # 2^(kk_n-1)
+        rnd_l = Signal(signed(63))
+        vpp = Signal(4)
+        kh = Signal(5)
+        kw = Signal(5)
+        sh = Signal(5)
+        sw = Signal(5)
+        soi = Signal(3)
+        soi_jre = Signal(ab)     # stride_offset_in * jump_read_endl
+        vsh = Signal(8)          # (vpp-1) * stride_h
+        swjr = Signal(ab)        # stride_w * jump_read
+        sojwe = Signal(ab)       # stride_out * jump_write_endl
+        osq = [Signal(5, name=f"osq{h}") for h in range(pp)]       # (h+soo) // stride_out
+        ormoff = [Signal(ab, name=f"ormoff{h}") for h in range(pp)]  # ((h+soo) % stride_out) * jwe
+
+        with m.If(start_init):
+            sc = fi["shift_cut"]
+            kn1 = Signal(6)          # kk_n - 1
+            kl1 = Signal(6)          # kk_l - 1
+            m.d.comb += [kn1.eq(Mux(sc > 61, 61, sc)), kl1.eq(Mux(sc + 8 > 61, 61, sc + 8))]
+            act = fi["act_type"]
+            m.d.sync += [
+                jr.eq(A(fi["jump_read"])), jre.eq(A(fi["jump_read_endl"])), jw.eq(A(fi["jump_write"])),
+                sb.eq(fi["shift_bias"][:5]),
+                act_relu.eq((act == 1) | (act == 4)), act_relu6.eq(act == 4), act_leaky.eq(act == 3),
+                kk_n.eq(kn1 + 1), kk_l.eq(kl1 + 1),
+                rnd_n.eq((Const(1, 62) << kn1)[:62]), rnd_l.eq((Const(1, 62) << kl1)[:62]),
+                vpp.eq(fi["valid_pixel_parallel"]), kh.eq(fi["kernel_h"]), kw.eq(fi["kernel_w"]),
+                sh.eq(fi["stride_h"]), sw.eq(fi["stride_w"]), soi.eq(fi["stride_offset_in"]),
+                soi_jre.eq(A(fi["stride_offset_in"] * fi["jump_read_endl"])),
+                vsh.eq((fi["valid_pixel_parallel"] - 1) * fi["stride_h"]),
+                swjr.eq(A(fi["stride_w"] * fi["jump_read"])),
+                sojwe.eq(A(fi["stride_out"] * fi["jump_write_endl"])),
+            ]
+            # (t // so, t % so) for t = 0 .. 7+PP-1 by a chain of increments (no divider)
+            so_f, soo_f, jwe_f = fi["stride_out"], fi["stride_offset_out"], fi["jump_write_endl"]
+            qs, rs = [Const(0, 5)], [Const(0, 5)]
+            for t in range(7 + pp - 1):
+                wrap = (rs[-1] + 1) >= so_f
+                rs.append(Mux(wrap, 0, rs[-1] + 1)[:5])
+                qs.append((qs[-1] + wrap)[:5])
+            qa, ra = Array(qs), Array(rs)
+            for h in range(pp):
+                m.d.sync += [osq[h].eq(qa[soo_f + h]), ormoff[h].eq(A(ra[soo_f + h] * jwe_f))]
+
+        # ================= CONV instruction registers (latched at CONV start) =================
+        nimg = p.num_img_banks
+        bases = [Signal(ab, name=f"base{k}") for k in range(4)]
+        gb_i = Signal(6)
+        c_i = Signal(range(max(pp, 2)))
+        pt = Signal(4)
+        pl = Signal(4)
+        ylim = Signal(9)          # rows r >= ylim are padding
+        xlim = Signal(16)         # columns x >= xlim are padding
+        cg = Signal(9)
+        length = Signal(11)
+        nread = Signal(signed(16))  # channels read: cg*CP - channel_offset
+        baw = Signal(ab)
+        bab = Signal(ab)
+        row0 = [Signal(ab, name=f"row0_{h}") for h in range(pp)]
+        obank = [Signal(6, name=f"obank{h}") for h in range(pp)]
+
+        with m.If(start_conv):
+            bidi, bido = fc["bank_id_in"], fc["bank_id_out"]
+            qi, ri = _const_divmod(bidi, pp, 63)
+            qo, ro = _const_divmod(bido, pp, 63)
+            m.d.sync += [
+                bases[0].eq(A(fc["bank_addr_in"])), bases[1].eq(A(fc["bank_addr_in_1"])),
+                bases[2].eq(A(fc["bank_addr_in_2"])), bases[3].eq(A(fc["bank_addr_in_3"])),
+                gb_i.eq(qi * pp), c_i.eq(ri),
+                pt.eq(fc["pad_top"]), pl.eq(fc["pad_left"]),
+                ylim.eq(vsh + fc["pad_bottom"] + 1),
+                xlim.eq((fc["length"] - 1) * sw + fc["pad_right"] + 1),
+                cg.eq(fc["channel_group"]), length.eq(fc["length"]),
+                nread.eq(fc["channel_group"] * cp - fc["channel_offset"]),
+                baw.eq(A(fc["bank_addr_weights"])), bab.eq(A(fc["bank_addr_bias"])),
+            ]
+            for h in range(pp):
+                slot = ro + osq[h]
+                qs_, rs_ = _const_divmod(slot, pp, 2 * pp + 8)
+                m.d.sync += [obank[h].eq(qo * pp + rs_),
+                             row0[h].eq(A(A(fc["bank_addr_out"]) + ormoff[h] + A(qs_ * sojwe)))]
+
+        # ================= ISSUE stage: step counters and read requests =================
+        run = Signal()
+        g = Signal(9)
+        kx = Signal(5)
+        ky = Signal(5)
+        w = Signal(11)
+        gch = Signal(16)          # g * CP
+        rmod = Signal(5)          # (soi + ky) % stride_h
+        rmoff = Signal(ab)        # rmod * jre
+        coloff = Signal(ab)       # w * sw * jr
+        loff = Signal(ab)         # rmoff + coloff + kx * jr
+        xcol = Signal(16)         # w * sw
+        umod = Signal(range(max(pp, 2)))   # (bank_id_in % PP + (soi+ky)//sh) % PP
+        bw = [Signal(ab, name=f"bw{k}") for k in range(4)]   # pass bases from the current pass on
+        waddr = Signal(ab)        # weight line: baw + (ky*kw + kx)*cg + g
+
+        g_last = g == cg - 1
+        kx_last = kx == kw - 1
+        ky_last = ky == kh - 1
+        w_last = w == length - 1
+        col_first = (g == 0) & (kx == 0) & (ky == 0)
+        col_last = g_last & kx_last & ky_last
+
+        loffg = Signal(ab)
+        m.d.comb += loffg.eq(loff + g)
+        for h in range(pp):
+            r = self.img_rd[h]
+            s_ = umod + h
+            carry = s_ >= pp
+            m.d.comb += [
+                r.en.eq(run & (h < vpp)),
+                r.bank.eq(gb_i + Mux(carry, s_ - pp, s_)),
+                r.addr.eq(Mux(carry, bw[1], bw[0]) + loffg),
+            ]
+        m.d.comb += [self.w_rd.en.eq(run), self.w_rd.addr.eq(waddr)]
+
+        # masks, computed at issue and registered with the data
+        x_now = xcol + kx
+        colok = (x_now >= pl) & (x_now < xlim)
+        rowok_d = Signal(pp)
+        chok_d = Signal(cp)
+        v_d = Signal()
+        first_d = Signal()
+        last_d = Signal()
+        thr = Signal(signed(17))
+        m.d.comb += thr.eq(nread - gch)
+        m.d.sync += [
+            v_d.eq(run), first_d.eq(col_first), last_d.eq(col_last),
+            chok_d.eq(Cat(*[thr > i for i in range(cp)])),
+            rowok_d.eq(Cat(*[colok & (ky + h * sh >= pt) & (ky + h * sh < ylim) for h in range(pp)])),
+        ]
+
+        with m.If(run):
+            m.d.sync += waddr.eq(waddr + 1)
+            with m.If(~g_last):
+                m.d.sync += [g.eq(g + 1), gch.eq(gch + cp)]
+            with m.Else():
+                m.d.sync += [g.eq(0), gch.eq(0)]
+                with m.If(~kx_last):
+                    m.d.sync += [kx.eq(kx + 1), loff.eq(loff + jr)]
+                with m.Else():
+                    m.d.sync += kx.eq(0)
+                    with m.If(~ky_last):
+                        m.d.sync += ky.eq(ky + 1)
+                        with m.If(rmod + 1 >= sh):       # next input sub-row is in the next slot
+                            m.d.sync += [rmod.eq(0), rmoff.eq(0), loff.eq(coloff)]
+                            with m.If(umod == pp - 1):  # ... which is in the next pass
+                                m.d.sync += [umod.eq(0), bw[0].eq(bw[1]), bw[1].eq(bw[2]), bw[2].eq(bw[3])]
+                            with m.Else():
+                                m.d.sync += umod.eq(umod + 1)
+                        with m.Else():
+                            m.d.sync += [rmod.eq(rmod + 1), rmoff.eq(rmoff + jre),
+                                         loff.eq(rmoff + jre + coloff)]
+                    with m.Else():                        # next output column
+                        m.d.sync += [ky.eq(0), rmod.eq(soi), rmoff.eq(soi_jre), umod.eq(c_i),
+                                     waddr.eq(baw), coloff.eq(coloff + swjr), loff.eq(soi_jre + coloff + swjr),
+                                     xcol.eq(xcol + sw), w.eq(w + 1)]
+                        m.d.sync += [bw[k].eq(bases[k]) for k in range(4)]
+                        with m.If(w_last):
+                            m.d.sync += run.eq(0)
+
+        # ================= bias =================
+        bias_pend = Signal()
+        bias = Signal(8 * cp)
+        m.d.comb += [self.bias_rd.en.eq(bias_pend), self.bias_rd.addr.eq(bab)]
+        bias_v = Signal()
+        m.d.sync += [bias_pend.eq(0), bias_v.eq(bias_pend)]
+        with m.If(bias_v):
+            m.d.sync += bias.eq(self.bias_rd.data)
+
+        # ================= MAC stage =================
+        acc = [[Signal(signed(p.acc_bits), name=f"acc{h}_{o}") for o in range(cp)] for h in range(pp)]
+        R = [[Signal(signed(p.acc_bits), name=f"R{h}_{o}") for o in range(cp)] for h in range(pp)]
+        rv = Signal()
+        m.d.sync += rv.eq(v_d & last_d)
+        wts = [[self.w_rd.data[o][8 * i:8 * i + 8].as_signed() for i in range(cp)] for o in range(cp)]
+        for h in range(pp):
+            d = self.img_rd[h].data
+            xs = []
+            for i in range(cp):
+                xm = Signal(signed(8), name=f"x{h}_{i}")
+                m.d.comb += xm.eq(Mux(rowok_d[h] & chok_d[i], d[8 * i:8 * i + 8], 0))
+                xs.append(xm)
+            for o in range(cp):
+                ps = Signal(signed(16 + max(1, (cp - 1).bit_length())), name=f"ps{h}_{o}")
+                m.d.comb += ps.eq(sum(xs[i] * wts[o][i] for i in range(cp)))
+                nxt = Signal(signed(p.acc_bits), name=f"accn{h}_{o}")
+                m.d.comb += nxt.eq(Mux(first_d, 0, acc[h][o]) + ps)
+                with m.If(v_d):
+                    m.d.sync += acc[h][o].eq(nxt)
+                with m.If(v_d & last_d):
+                    m.d.sync += R[h][o].eq(nxt)
+
+        # ================= POST stage: bias, shift, activation, rounding, saturation =================
+        Y = [Signal(8 * cp, name=f"Y{h}") for h in range(pp)]
+        yv = Signal()
+        m.d.sync += yv.eq(rv)
+        for h in range(pp):
+            ybytes = []
+            for o in range(cp):
+                b = bias[8 * o:8 * o + 8].as_signed()
+                a = Signal(signed(p.acc_bits + 2), name=f"a{h}_{o}")
+                m.d.comb += a.eq((R[h][o] << 1) + (b << sb))
+                neg = act_leaky & a[-1]
+                n = Signal(signed(p.acc_bits + 8), name=f"n{h}_{o}")
+                m.d.comb += n.eq(Mux(neg, a * 26, a))
+                s = Signal(signed(64), name=f"s{h}_{o}")
+                m.d.comb += s.eq(n + Mux(neg, rnd_l, rnd_n))
+                v = Signal(signed(64), name=f"v{h}_{o}")
+                m.d.comb += v.eq(s >> Mux(neg, kk_l, kk_n))
+                v1 = Mux(act_relu & v[-1], 0, v)
+                v2 = Signal(signed(64), name=f"v2_{h}_{o}")
+                m.d.comb += v2.eq(Mux(act_relu6 & (v1 > 96), 96, v1))
+                y = Mux(v2 > 127, 127, Mux(v2 < -128, -128, v2))[:8]
+                ybytes.append(y)
+            with m.If(rv):
+                m.d.sync += Y[h].eq(Cat(*ybytes))
+
+        # ================= WRITE stage =================
+        wcol = Signal(ab)         # w * jump_write
+        with m.If(yv):
+            m.d.sync += wcol.eq(wcol + jw)
+        for h in range(pp):
+            wr = self.img_wr[h]
+            m.d.comb += [wr.en.eq(yv & (h < vpp)), wr.bank.eq(obank[h]), wr.addr.eq(row0[h] + wcol),
+                         wr.data.eq(Y[h])]
+
+        # ================= start / end =================
+        tail = Signal(range(max(p.t.conv_latency, p.t.init_cycles, 2)))
+        tailing = Signal()
+        m.d.comb += self.ctl.end.eq(tailing & (tail == 0))
+        with m.If(tailing):
+            m.d.sync += tail.eq(tail - 1)
+            with m.If(tail == 0):
+                m.d.sync += tailing.eq(0)
+        with m.If(run & col_last & w_last):
+            m.d.sync += [tailing.eq(1), tail.eq(p.t.conv_latency - 1)]
+        with m.If(start_init):
+            m.d.sync += [tailing.eq(1), tail.eq(p.t.init_cycles - 1)]
+        with m.If(start_conv):
+            m.d.sync += [run.eq(1), bias_pend.eq(1), g.eq(0), gch.eq(0), kx.eq(0), ky.eq(0), w.eq(0),
+                         rmod.eq(soi), rmoff.eq(soi_jre), coloff.eq(0), loff.eq(soi_jre), xcol.eq(0),
+                         waddr.eq(A(fc["bank_addr_weights"])), wcol.eq(0), tailing.eq(0),
+                         umod.eq(_const_divmod(fc["bank_id_in"], pp, 63)[1])]
+            m.d.sync += [bw[0].eq(A(fc["bank_addr_in"])), bw[1].eq(A(fc["bank_addr_in_1"])),
+                         bw[2].eq(A(fc["bank_addr_in_2"])), bw[3].eq(A(fc["bank_addr_in_3"]))]
+        return m
