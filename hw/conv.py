@@ -123,10 +123,12 @@ class ConvEngine(wiring.Component):
             # (t // so, t % so) for t = 0 .. 7+PP-1 by a chain of increments (no divider)
             so_f, soo_f, jwe_f = fi["stride_out"], fi["stride_offset_out"], fi["jump_write_endl"]
             qs, rs = [Const(0, 5)], [Const(0, 5)]
-            for t in range(7 + pp - 1):
+            for t in range(1, 7 + pp):
                 wrap = (rs[-1] + 1) >= so_f
-                rs.append(Mux(wrap, 0, rs[-1] + 1)[:5])
-                qs.append((qs[-1] + wrap)[:5])
+                qt, rt = Signal(5, name=f"soq{t}"), Signal(5, name=f"sor{t}")
+                m.d.comb += [rt.eq(Mux(wrap, 0, rs[-1] + 1)), qt.eq(qs[-1] + wrap)]
+                qs.append(qt)
+                rs.append(rt)
             qa, ra = Array(qs), Array(rs)
             for h in range(pp):
                 m.d.sync += [osq[h].eq(qa[soo_f + h]), ormoff[h].eq(A(ra[soo_f + h] * jwe_f))]

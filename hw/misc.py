@@ -14,32 +14,39 @@ ALU_PP rows x CP channels) is finished after its kernel_h*kernel_w*kernel_d cons
 one accumulator set of ALU_PP x CP lanes is needed. A step reads, for every output row h < vpp, line
 `base[pass] + ((soi+ky) mod stride_h)*jump_read_endl + (w*stride_w+kx)*jump_read + d*cg + g` of the
 row's bank (rows of one step sit in distinct banks of the conv-PP group, spec §2.4), plus one DWCONVW
-line. Every address is a counter (no multiplier in the loop). Pipeline of one step issued in cycle c:
+line. Every address is a counter (no multiplier in the loop). Pool modes with kernel_d > 1 run the
+kd steps (the cost counts them) but only d = 0 contributes (the executor uses kd = 1).
+
+ELEW, loop order (j, g, k): step (j, g, k) reads input k's line for the vpp rows; the output line is
+complete after the num-th input.
+
+ALU and ELEW share one lane datapath (ALU_PP rows x CP channels). Pipeline of a step issued in cycle c:
 
     c    S0  issue the row reads and the DWCONVW read; padding / channel_offset flags
-    c+1  S1  mask with the pad value PV, multiply by the weight (int8 / int16 / multi_factor / 2731)
-    c+2  S2  accumulate (sum, or max for pool modes 3/5); last step of a line: issue the BIAS read
-    c+3  S3  a = 2*acc + bias<<shift_bias (mode 0), hsigmoid clamp (mode 7); leaky 26*a
+    c+1  S1  prod = (xv * w) >> psh: xv = the byte, or PV on pads and channel_offset lanes; w = int8
+             weight / alpha, int16 weight (mode 8), multi_factor (2, 4), 2731 (7), 1 (3, 5, prelu x>=0),
+             4 with psh = shift_read (ELEW: t = (x<<2) >> shift_read)
+    c+2  S2  acc = sum (or max for modes 3/5, or t0*t1 for ELEW mult); last step of a line: BIAS read
+    c+3  S3  a = 2*acc + bias<<shift_bias (mode 0) | min(2^32, max(0, acc + 3*2731<<shift_bias)) (7)
+             | acc; leaky: 26*a and shift + 8 when a < 0
     c+4  S4  signed rounding shift, ReLU/ReLU6, saturation -> write registers
     c+5  S5  the ALU_PP write rows are issued (whole lines)
 
-so the last write of an ALU is issued in cycle s+N+5 <= s+cost-1: alu_latency >= 6.
+so the last write is issued in cycle s+N+5 <= s+cost-1: alu_latency >= 6 and elew_latency >= 6
+(hw/params.MIN_LATENCY).
 
-ELEW, loop order (j, g, k): step (j, g, k) reads input k's line for the vpp rows; the output line is
-complete after the num-th input:
-
-    c    S0  issue the row reads of input k
-    c+1  S1  t = (x<<2) >> shift_read; S = t / S+t / S*t
-    c+2  S2  rounding shift by shift_write, ReLU, saturation -> write registers
-    c+3  S3  the write rows are issued
-
-so elew_latency >= 4 (hw/params.MIN_LATENCY keeps 5).
+Every signed rounding shift is `((a << 8) + rc) >> sh` with per-instruction (sh, rc) for a >= 0 and
+a < 0 (prelu sp/sn, leaky k+8): shift codes k < 0 (left shifts) are clamped to -8 and k > 50 to 50,
+both exact after saturation for the value ranges below. Arithmetic widths: |acc| <= 2^20 kernel
+positions * 128 * 32768 = 2^42 (mode 8), |26*a| < 2^47.
 
 The per-instruction constants of the output placement (stride_offset_out / stride_out, bank group
 wrap) use small dividers on registered instruction fields; they are stable for the whole instruction
-and first needed in S5. Arithmetic widths: |acc| <= 2^20 kernel positions * 128 * 32768 = 2^42
-(mode 8), 26*a < 2^47; every right shift >= 50 is clamped (result 0) and every left shift > 8 is clamped
-to 8 (the result saturates either way), which is exact.
+and first needed in S5.
+
+Semantic note: the engine streams, like the hardware. An instruction whose output lines overlap its own
+input lines (a later step reads a line an earlier step wrote), or that writes one line twice, can differ
+from the executor, which reads the whole tile before writing row by row. Real programs do neither.
 """
 from __future__ import annotations
 
@@ -57,8 +64,6 @@ ACC_W = 46        # accumulator (bound 2^42, see the module docstring)
 A2_W = 50         # value before the rounding shift (|a2| < 2^47 for every valid instruction)
 KMAX = 50         # right shifts >= KMAX give 0 for |a2| < 2^49
 KMIN = -8         # left shifts beyond 8 saturate anyway
-S_W = 22          # ELEW combination (|S| <= 2^18)
-KEMAX = 22        # ELEW right-shift clamp
 
 
 def raw(op: str, words, name: str):
@@ -73,12 +78,29 @@ def _clamp(v, lo, hi):
     return Mux(v < lo, lo, Mux(v > hi, hi, v))
 
 
-def _shift_consts(k, kmax, width):
+def _shift_consts(m, k, kmax, width, name):
     """(sh, rc) so that ((a << 8) + rc) >> sh == rhu(a / 2^k) for k in [KMIN, kmax] (clamped outside)."""
     kc = _clamp(k, KMIN, kmax)
-    sh = (kc + 8)[:7]
-    rc = Mux(kc > 0, (Const(1, width) << (sh - 1)[:7])[:width], 0)
+    sh = Signal(range(kmax + 9), name=f"{name}_sh")
+    rc = Signal(width, name=f"{name}_rc")
+    top = Const(1 << (width - 1), width)
+    m.d.comb += [sh.eq(kc + 8), rc.eq(Mux(kc > 0, top >> (width - 8 - kc)[:6], 0))]
     return sh, rc
+
+
+def _sext(v, width):
+    """v (signed) widened to `width` bits by an adder (native sign extension in the generated Verilog)."""
+    return (v + Const(0, signed(width)))[:width].as_signed()
+
+
+def _sigs(m, op, words, prefix):
+    """The logical field values of `op` in `words`, each as a named Signal (one decoder per field)."""
+    out = {}
+    for name, v in fields(op, words).items():
+        s = Signal(v.shape(), name=f"{prefix}{name}")
+        m.d.comb += s.eq(v)
+        out[name] = s
+    return out
 
 
 class MiscEngine(wiring.Component):
@@ -125,15 +147,19 @@ class MiscEngine(wiring.Component):
         run_el = Signal()
 
         # ================================================================ ALUINIT state (decoded)
-        A = fields("ALUINIT", ai)
+        A = _sigs(m, "ALUINIT", ai, "ai_")
         mode = A["exec_mode"]
-        is0, is1, is2, is3 = (mode == 0), (mode == 1), (mode == 2), (mode == 3)
-        is4, is5, is6, is7, is8 = (mode == 4), (mode == 5), (mode == 6), (mode == 7), (mode == 8)
+        is0, is1, is2, is3, is4, is5, is6, is7, is8 = (Signal(name=f"mode{k}") for k in range(9))
+        m.d.comb += [s_.eq(mode == k) for k, s_ in enumerate((is0, is1, is2, is3, is4, is5, is6, is7, is8))]
         is_dw = Signal(); is_max = Signal(); is_prelu = Signal(); pad_en = Signal()
         m.d.comb += [is_dw.eq(is0 | is6 | is8), is_max.eq(is3 | is5), is_prelu.eq(is1 | is4),
                      pad_en.eq(~is5)]
         act = A["act_type"]
-        act_eff = Mux(is_dw, act, 0)
+        act_eff = Signal(4)
+        m.d.comb += act_eff.eq(Mux(is_dw, act, 0))
+        relu_a = Signal()
+        relu6_a = Signal()
+        m.d.comb += [relu_a.eq((act_eff == 1) | (act_eff == 4)), relu6_a.eq(act_eff == 4)]
         leaky = Signal()
         m.d.comb += leaky.eq(is_dw & (act == 3))
         sc = A["shift_cut"]
@@ -148,8 +174,6 @@ class MiscEngine(wiring.Component):
         k_n = Signal(signed(9))
         m.d.comb += k_n.eq(Mux(leaky, k_p + 8, Mux(is_prelu, sn, k_p)))
         RC_W = A2_W + 9
-        sh_p, rc_p = _shift_consts(k_p, KMAX, RC_W)
-        sh_n, rc_n = _shift_consts(k_n, KMAX, RC_W)
         pv = Signal(signed(8))
         m.d.comb += pv.eq(Mux(is3, -128, 0))
         wconst = Signal(signed(16))                       # weight of modes 2, 4 (mf) and 7 (2731)
@@ -174,7 +198,7 @@ class MiscEngine(wiring.Component):
         m.d.comb += thr0.eq(ic - co)
 
         # ================================================================ ALU instruction (decoded)
-        L = fields("ALU", cur)
+        L = _sigs(m, "ALU", cur, "alu_")
         l_kd = raw("ALU", cur, "kernel_d")
         vpp = L["valid_pixel_parallel"]
         gb_i, _ = self._split_bank(L["bank_id_in"])
@@ -222,7 +246,7 @@ class MiscEngine(wiring.Component):
         e_bai = [Signal(AB, name=f"e_bai{k}") for k in range(NID)]
         e_jr = [Signal(AB, name=f"e_jr{k}") for k in range(NID)]
         e_sr = [Signal(4, name=f"e_sr{k}") for k in range(NID)]
-        EI = fields("ELEWINIT", instr)
+        EI = _sigs(m, "ELEWINIT", instr, "ei_")
         ei_gb, ei_b0 = self._split_bank(EI["bank_id_in"])
         ei_bank, ei_off = [], []
         for r in range(APP):
@@ -237,7 +261,7 @@ class MiscEngine(wiring.Component):
             ei_off.append(of)
 
         # ================================================================ ELEW instruction (decoded)
-        E = fields("ELEW", cur)
+        E = _sigs(m, "ELEW", cur, "el_")
         e_num_m1, e_cg_m1, e_len_m1 = (raw("ELEW", cur, n) for n in ("num", "channel_group", "length"))
         e_vpp = E["valid_pixel_parallel"]
         e_mult = Signal()
@@ -246,8 +270,6 @@ class MiscEngine(wiring.Component):
         e_swf = E["shift_write"]
         kk = Signal(signed(8))
         m.d.comb += kk.eq(Mux(e_swf < 16, e_q - e_swf, e_swf - 16 + e_q))
-        ERC_W = S_W + 9
-        sh_e, rc_e = _shift_consts(kk, KEMAX, ERC_W)
         e_relu = E["act_type"]
         gb_eo, b0_eo = self._split_bank(E["bank_id_out"])
         eo_bank, eo_off = [], []
@@ -368,7 +390,7 @@ class MiscEngine(wiring.Component):
                     m.d.sync += [sub.eq(sub + 1), rowoff.eq(rowoff + jre)]
             with m.Else():
                 _, b0_ic = self._split_bank(L["bank_id_in"])
-                m.d.sync += [cw_d.eq(0), cw_kx.eq(0), cw_ky.eq(0), wpos.eq(0), sub.eq(0),
+                m.d.sync += [cw_d.eq(0), cw_kx.eq(0), cw_ky.eq(0), wpos.eq(0), sub.eq(soi),
                              rowoff.eq(soi_jre), bank0.eq(b0_ic), pass0.eq(0)]
                 with m.If(~last_g):
                     m.d.sync += [cw_g.eq(cw_g + 1), dg.eq(cw_g + 1), thr.eq(thr - CP), outoff.eq(outoff + 1),
@@ -393,126 +415,129 @@ class MiscEngine(wiring.Component):
                 with m.If(elast_j):
                     m.d.sync += [run_el.eq(0), tail.eq(t.elew_latency)]
 
-        # ================================================================ ALU pipeline
+        # ================================================================ shared lane pipeline
+        # ALU and ELEW share the ALU_PP x CP lanes (they never overlap). Per lane:
+        #   S1  prod = (xv * wsel) >> psh       xv = PV on pads / channel_offset lanes, else the byte
+        #   S2  acc  = sum | max | ELEW product
+        #   S3  a2   = a, 26*a (leaky, a < 0);  a = 2*acc + bias<<shift_bias (mode 0) | hsigmoid clamp | acc
+        #   S4  byte = sat8(ACT(((a2 << 8) + rc) >> sh))  -> write registers
+        # Widening is done by arithmetic (`_sext`), never by Mux / assignment, which the Verilog backend
+        # would emit as bit replication (slow in Verilator). Datapath registers have no reset.
+        el_v = Signal()                                   # the running instruction is an ELEW
+        with m.If(ctl.start & (opc == opcode("ALU"))):
+            m.d.sync += el_v.eq(0)
+        with m.If(ctl.start & (opc == opcode("ELEW"))):
+            m.d.sync += el_v.eq(1)
+        alu_v = ~el_v
+        d_m0, d_m7, d_leaky, d_max, d_prelu, d_is8, d_mult = (Signal(name=n) for n in (
+            "d_m0", "d_m7", "d_leaky", "d_max", "d_prelu", "d_is8", "d_mult"))
+        m.d.comb += [d_m0.eq(alu_v & is0), d_m7.eq(alu_v & is7), d_leaky.eq(alu_v & leaky),
+                     d_max.eq(alu_v & is_max), d_prelu.eq(alu_v & is_prelu), d_is8.eq(alu_v & is8),
+                     d_mult.eq(el_v & e_mult)]
+        d_wconst = Signal(signed(16))
+        m.d.comb += d_wconst.eq(Mux(el_v, 4, Mux(is_max, 1, wconst)))
+        d_usec = Signal()
+        m.d.comb += d_usec.eq(el_v | use_wconst | is_max)
+        k_pa = Signal(signed(9))
+        k_na = Signal(signed(9))
+        m.d.comb += [k_pa.eq(Mux(el_v, kk, k_p)), k_na.eq(Mux(el_v, kk, k_n))]
+        sh_p, rc_p = _shift_consts(m, k_pa, KMAX, RC_W, "kp")
+        sh_n, rc_n = _shift_consts(m, k_na, KMAX, RC_W, "kn")
+        d_relu = Signal()
+        d_relu6 = Signal()
+        m.d.comb += [d_relu.eq(Mux(el_v, e_relu, relu_a)), d_relu6.eq(alu_v & relu6_a)]
+
+        # ---- S0 -> S1 control
         s1_v, s1_first, s1_last, s1_cv, s1_colpad = (Signal(name=n) for n in (
             "s1_v", "s1_first", "s1_last", "s1_cv", "s1_colpad"))
-        s1_rowpad = Signal(APP)
-        s1_mask = Signal(CP)
-        s1_oo = Signal(AB); s1_g = Signal(8)
-        m.d.sync += [s1_v.eq(run_alu), s1_first.eq((cw_d == 0) & (cw_kx == 0) & (cw_ky == 0)),
-                     s1_last.eq(last_ky), s1_cv.eq(is_dw | (cw_d == 0)), s1_colpad.eq(colpad),
-                     s1_rowpad.eq(Cat(*rowpad)), s1_mask.eq(lane_mask), s1_oo.eq(outoff), s1_g.eq(cw_g)]
+        s1_rowpad = Signal(APP, reset_less=True)
+        s1_mask = Signal(CP, reset_less=True)
+        s1_oo = Signal(AB, reset_less=True)
+        s1_g = Signal(8, reset_less=True)
+        s1_psh = Signal(4, reset_less=True)
+        m.d.sync += s1_v.eq(run_alu | run_el)
+        with m.If(run_el):
+            m.d.sync += [s1_first.eq(ek == 0), s1_last.eq(elast_k), s1_cv.eq(1), s1_colpad.eq(0),
+                         s1_rowpad.eq(0), s1_mask.eq(0), s1_oo.eq(eocol),
+                         s1_psh.eq(Cat(*e_sr).word_select(ek, 4))]
+        with m.Else():
+            m.d.sync += [s1_first.eq((cw_d == 0) & (cw_kx == 0) & (cw_ky == 0)), s1_last.eq(last_ky),
+                         s1_cv.eq(is_dw | (cw_d == 0)), s1_colpad.eq(colpad), s1_rowpad.eq(Cat(*rowpad)),
+                         s1_mask.eq(lane_mask), s1_oo.eq(outoff), s1_g.eq(cw_g), s1_psh.eq(0)]
 
-        # S1: mask + multiply
+        # ---- S1: mask + multiply
         s2_v, s2_first, s2_last, s2_cv = (Signal(name=n) for n in ("s2_v", "s2_first", "s2_last", "s2_cv"))
-        s2_oo = Signal(AB); s2_g = Signal(8)
+        s2_oo = Signal(AB, reset_less=True)
+        s2_g = Signal(8, reset_less=True)
         m.d.sync += [s2_v.eq(s1_v), s2_first.eq(s1_first), s2_last.eq(s1_last), s2_cv.eq(s1_cv),
                      s2_oo.eq(s1_oo), s2_g.eq(s1_g)]
         dwd = self.dw_rd.data
         w16 = dwd[0:16].as_signed()
-        prod = [[Signal(signed(24), name=f"prod{h}_{i}") for i in range(CP)] for h in range(APP)]
+        prod = [[Signal(signed(24), name=f"prod{h}_{i}", reset_less=True) for i in range(CP)] for h in range(APP)]
         for h in range(APP):
             rdd = self.img_rd[h].data
             for i in range(CP):
                 byte = rdd[8 * i: 8 * i + 8].as_signed()
-                xv = Signal(signed(8), name=f"xv{h}_{i}")
-                m.d.comb += xv.eq(Mux(s1_rowpad[h] | s1_colpad | s1_mask[i], pv, byte))
-                wv = Signal(signed(16), name=f"wv{h}_{i}")
-                m.d.comb += wv.eq(Mux(is8, w16, Mux(use_wconst, wconst, dwd[8 * i: 8 * i + 8].as_signed())))
-                pass_x = is_max | (is_prelu & ~xv[7])
-                m.d.sync += prod[h][i].eq(Mux(pass_x, xv, xv * wv))
+                xv = Mux(s1_rowpad[h] | s1_colpad | s1_mask[i], pv, byte)
+                wv = Mux(d_is8, w16, Mux(d_usec, d_wconst, _sext(dwd[8 * i: 8 * i + 8].as_signed(), 16)))
+                wsel = Mux(d_prelu & ~xv[7], 1, wv)
+                with m.If(s1_v):
+                    m.d.sync += prod[h][i].eq((xv * wsel) >> s1_psh)
 
-        # S2: accumulate
-        acc = [[Signal(signed(ACC_W), name=f"acc{h}_{i}") for i in range(CP)] for h in range(APP)]
+        # ---- S2: accumulate
+        acc = [[Signal(signed(ACC_W), name=f"acc{h}_{i}", reset_less=True) for i in range(CP)] for h in range(APP)]
         for h in range(APP):
             for i in range(CP):
                 a_ = acc[h][i]
                 pr_ = prod[h][i]
-                s_sum = Mux(s2_first, 0, a_) + Mux(s2_cv, pr_, 0)
+                s_sum = Mux(s2_first, 0, a_) + _sext(Mux(s2_cv, pr_, 0), ACC_W)
                 mb = Mux(s2_first, -128, a_)
-                mi = Mux(s2_cv, pr_, -128)
+                mi = _sext(Mux(s2_cv, pr_, -128), ACC_W)
                 s_max = Mux(mi > mb, mi, mb)
+                s_mul = _sext(a_[:10].as_signed() * pr_[:10].as_signed(), ACC_W)
                 with m.If(s2_v):
-                    m.d.sync += a_.eq(Mux(is_max, s_max, s_sum))
-        s3_fin = Signal(); s3_oo = Signal(AB)
+                    m.d.sync += a_.eq(Mux(d_max, s_max, Mux(d_mult & ~s2_first, s_mul, s_sum)))
+        s3_fin = Signal()
+        s3_oo = Signal(AB, reset_less=True)
         m.d.sync += [s3_fin.eq(s2_v & s2_last), s3_oo.eq(s2_oo)]
-        m.d.comb += [self.bias_rd.en.eq(s2_v & s2_last & is0), self.bias_rd.addr.eq(L["bank_addr_bias"] + s2_g)]
+        m.d.comb += [self.bias_rd.en.eq(s2_v & s2_last & d_m0), self.bias_rd.addr.eq(L["bank_addr_bias"] + s2_g)]
 
-        # S3: bias / hsigmoid / leaky
-        s4_fin = Signal(); s4_oo = Signal(AB)
+        # ---- S3: bias / hsigmoid / leaky
+        s4_fin = Signal()
+        s4_oo = Signal(AB, reset_less=True)
         m.d.sync += [s4_fin.eq(s3_fin), s4_oo.eq(s3_oo)]
-        a2 = [[Signal(signed(A2_W), name=f"a2_{h}_{i}") for i in range(CP)] for h in range(APP)]
-        negs = [[Signal(name=f"neg{h}_{i}") for i in range(CP)] for h in range(APP)]
+        a2 = [[Signal(signed(A2_W), name=f"a2_{h}_{i}", reset_less=True) for i in range(CP)] for h in range(APP)]
+        negs = [[Signal(name=f"neg{h}_{i}", reset_less=True) for i in range(CP)] for h in range(APP)]
         bd = self.bias_rd.data
         for h in range(APP):
             for i in range(CP):
                 av = acc[h][i]
                 bias = bd[8 * i: 8 * i + 8].as_signed()
-                n7 = av + off7
-                a = Signal(signed(A2_W), name=f"a_{h}_{i}")
-                m.d.comb += a.eq(Mux(is0, (av << 1) + (bias << sbc),
-                                     Mux(is7, _clamp(n7, 0, 1 << 32), av)))
+                a = Mux(d_m0, _sext(av * 2 + (bias << sbc), A2_W),
+                        Mux(d_m7, _sext(_clamp(av + off7, 0, 1 << 32), A2_W), _sext(av, A2_W)))
                 ng = a < 0
-                m.d.sync += [a2[h][i].eq(Mux(leaky & ng, (a << 4) + (a << 3) + (a << 1), a)),
-                             negs[h][i].eq(ng)]
+                with m.If(s3_fin):
+                    m.d.sync += [a2[h][i].eq(Mux(d_leaky & ng, _sext(a * 26, A2_W), a)), negs[h][i].eq(ng)]
 
-        # S4: rounding shift, activation, saturation -> write registers (shared with ELEW S2)
+        # ---- S4: rounding shift, activation, saturation -> write registers
         w_en = Signal(APP)
-        w_bank = [Signal(6, name=f"w_bank{h}") for h in range(APP)]
-        w_addr = [Signal(AB, name=f"w_addr{h}") for h in range(APP)]
-        w_data = [Signal(8 * W, name=f"w_data{h}") for h in range(APP)]
+        w_bank = [Signal(6, name=f"w_bank{h}", reset_less=True) for h in range(APP)]
+        w_addr = [Signal(AB, name=f"w_addr{h}", reset_less=True) for h in range(APP)]
+        w_data = [Signal(8 * W, name=f"w_data{h}", reset_less=True) for h in range(APP)]
         m.d.sync += w_en.eq(0)
-
-        def finish(v, relu, relu6):
-            v1 = Mux(relu & (v < 0), 0, v)
-            v2 = Mux(relu6 & (v1 > 96), 96, v1)
-            return _clamp(v2, -128, 127)[:8]
-
-        alu_bytes = []
-        for h in range(APP):
-            row = []
-            for i in range(CP):
-                ng = negs[h][i]
-                shv = Mux(ng, sh_n, sh_p)
-                rcv = Mux(ng, rc_n, rc_p)
-                v = Signal(signed(RC_W + 1), name=f"v{h}_{i}")
-                m.d.comb += v.eq(((a2[h][i] << 8) + rcv) >> shv)
-                row.append(finish(v, (act_eff == 1) | (act_eff == 4), act_eff == 4))
-            alu_bytes.append(Cat(*row))
-
-        # ================================================================ ELEW pipeline
-        e1_v, e1_first, e1_last = Signal(name="e1_v"), Signal(name="e1_first"), Signal(name="e1_last")
-        e1_sr = Signal(4); e1_oc = Signal(AB)
-        m.d.sync += [e1_v.eq(run_el), e1_first.eq(ek == 0), e1_last.eq(elast_k),
-                     e1_sr.eq(Cat(*e_sr).word_select(ek, 4)), e1_oc.eq(eocol)]
-        e2_fin = Signal(); e2_oc = Signal(AB)
-        m.d.sync += [e2_fin.eq(e1_v & e1_last), e2_oc.eq(e1_oc)]
-        es = [[Signal(signed(S_W), name=f"es{r}_{i}") for i in range(CP)] for r in range(APP)]
-        el_bytes = []
-        for r in range(APP):
-            rdd = self.img_rd[r].data
-            row = []
-            for i in range(CP):
-                xb = rdd[8 * i: 8 * i + 8].as_signed()
-                tv = Signal(signed(10), name=f"et{r}_{i}")
-                m.d.comb += tv.eq((xb << 2) >> e1_sr)
-                s_ = es[r][i]
-                with m.If(e1_v):
-                    m.d.sync += s_.eq(Mux(e1_first, tv, Mux(e_mult, s_[:10].as_signed() * tv, s_ + tv)))
-                v = Signal(signed(ERC_W + 1), name=f"ev{r}_{i}")
-                m.d.comb += v.eq(((s_ << 8) + rc_e) >> sh_e)
-                row.append(finish(v, e_relu, 0))
-            el_bytes.append(Cat(*row))
-
-        # ================================================================ write registers / ports
         with m.If(s4_fin):
             for h in range(APP):
-                m.d.sync += [w_en[h].eq(vpp > h), w_bank[h].eq(o_bank[h]), w_addr[h].eq(o_row0[h] + s4_oo),
-                             w_data[h].eq(alu_bytes[h])]
-        with m.Elif(e2_fin):
-            for r in range(APP):
-                m.d.sync += [w_en[r].eq(e_vpp > r), w_bank[r].eq(eo_bank[r]), w_addr[r].eq(eo_off[r] + e2_oc),
-                             w_data[r].eq(el_bytes[r])]
+                row = []
+                for i in range(CP):
+                    ng = negs[h][i]
+                    v = (a2[h][i] * 256 + Mux(ng, rc_n, rc_p)) >> Mux(ng, sh_n, sh_p)
+                    v1 = Mux(d_relu & (v < 0), 0, v)
+                    v2 = Mux(d_relu6 & (v1 > 96), 96, v1)
+                    row.append(Mux(v2 < -128, 0x80, Mux(v2 > 127, 0x7F, v2[:8])))
+                m.d.sync += [w_en[h].eq(Mux(el_v, e_vpp > h, vpp > h)),
+                             w_bank[h].eq(Mux(el_v, eo_bank[h], o_bank[h])),
+                             w_addr[h].eq(Mux(el_v, eo_off[h], o_row0[h]) + s4_oo),
+                             w_data[h].eq(Cat(*row))]
         for h in range(APP):
             wp = self.img_wr[h]
             m.d.comb += [wp.en.eq(w_en[h]), wp.bank.eq(w_bank[h]), wp.addr.eq(w_addr[h]), wp.data.eq(w_data[h])]

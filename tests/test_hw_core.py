@@ -102,7 +102,7 @@ def _machine(t, sizes, init):
 
 def test_mnist_on_b4096_rtl(mnist_path):
     """The real MNIST xmodel: RTL output == sim == ref, total and every retire cycle == cycle model."""
-    from compiler.xir.xmodel import load_xmodel
+    from compiler.xir.graph import load as load_xmodel
     from runtime.dpu import DpuSubgraph, dpu_subgraphs
     from sim.cosim import subgraph_program
     g = load_xmodel(mnist_path)
