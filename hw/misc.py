@@ -446,6 +446,9 @@ class MiscEngine(wiring.Component):
         d_relu = Signal()
         d_relu6 = Signal()
         m.d.comb += [d_relu.eq(Mux(el_v, e_relu, relu_a)), d_relu6.eq(alu_v & relu6_a)]
+        y_lo = Signal(signed(8))                          # ReLU / ReLU6 / saturation as one clamp
+        y_hi = Signal(signed(8))
+        m.d.comb += [y_lo.eq(Mux(d_relu, 0, -128)), y_hi.eq(Mux(d_relu6, 96, 127))]
 
         # ---- S0 -> S1 control
         s1_v, s1_first, s1_last, s1_cv, s1_colpad = (Signal(name=n) for n in (
@@ -513,8 +516,9 @@ class MiscEngine(wiring.Component):
             for i in range(CP):
                 av = acc[h][i]
                 bias = bd[8 * i: 8 * i + 8].as_signed()
-                a = Mux(d_m0, _sext(av * 2 + (bias << sbc), A2_W),
-                        Mux(d_m7, _sext(_clamp(av + off7, 0, 1 << 32), A2_W), _sext(av, A2_W)))
+                a = Signal(signed(A2_W), name=f"a_{h}_{i}")
+                m.d.comb += a.eq(Mux(d_m0, _sext(av * 2 + (bias << sbc), A2_W),
+                                     Mux(d_m7, _sext(_clamp(av + off7, 0, 1 << 32), A2_W), _sext(av, A2_W))))
                 ng = a < 0
                 with m.If(s3_fin):
                     m.d.sync += [a2[h][i].eq(Mux(d_leaky & ng, _sext(a * 26, A2_W), a)), negs[h][i].eq(ng)]
@@ -530,10 +534,9 @@ class MiscEngine(wiring.Component):
                 row = []
                 for i in range(CP):
                     ng = negs[h][i]
-                    v = (a2[h][i] * 256 + Mux(ng, rc_n, rc_p)) >> Mux(ng, sh_n, sh_p)
-                    v1 = Mux(d_relu & (v < 0), 0, v)
-                    v2 = Mux(d_relu6 & (v1 > 96), 96, v1)
-                    row.append(Mux(v2 < -128, 0x80, Mux(v2 > 127, 0x7F, v2[:8])))
+                    v = Signal(signed(RC_W + 2), name=f"v{h}_{i}")
+                    m.d.comb += v.eq((a2[h][i] * 256 + Mux(ng, rc_n, rc_p)) >> Mux(ng, sh_n, sh_p))
+                    row.append(Mux(v < y_lo, y_lo[:8], Mux(v > y_hi, y_hi[:8], v[:8])))
                 m.d.sync += [w_en[h].eq(Mux(el_v, e_vpp > h, vpp > h)),
                              w_bank[h].eq(Mux(el_v, eo_bank[h], o_bank[h])),
                              w_addr[h].eq(Mux(el_v, eo_off[h], o_row0[h]) + s4_oo),
