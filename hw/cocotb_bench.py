@@ -12,5 +12,5 @@ from cocotb.triggers import RisingEdge
 async def run_jobs(dut):
     """Clock tb_top until its job sequencer raises `finished`."""
     Clock(dut.clk, 10, unit="ns").start()
-    if int(dut.finished.value) == 0:
+    while str(dut.finished.value) != "1":
         await RisingEdge(dut.finished)

@@ -471,7 +471,8 @@ def _hex_bytes(path: Path, n: int) -> np.ndarray:
 
 
 def _hex_words(path: Path, n: int) -> np.ndarray:
-    lines = [ln for ln in path.read_text().split() if not ln.startswith(("//", "@"))]
+    lines = [w for ln in path.read_text().splitlines() if not ln.lstrip().startswith(("//", "@"))
+             for w in ln.split()]
     if len(lines) != n:
         raise HwError(f"{path}: expected {n} words, found {len(lines)}")
     return np.array([int(x, 16) if "x" not in x.lower() else -1 for x in lines], np.int64)
@@ -558,7 +559,8 @@ def _simulate(b: Build, wd: Path, timeout, plusargs):
     old = dict(os.environ)
     os.environ.update(env)
     try:
-        runner.test(test_module=COCOTB_MODULE, hdl_toplevel="tb_top", build_dir=b.dir / "obj", test_dir=wd,
+        runner.test(test_module=COCOTB_MODULE, hdl_toplevel="tb_top", hdl_toplevel_lang="verilog",
+                    build_dir=b.dir / "obj", test_dir=wd,
                     plusargs=args + ["+nofinish"], extra_env={"PYTHONPATH": str(REPO)})
     finally:
         os.environ.clear()

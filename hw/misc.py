@@ -24,21 +24,26 @@ ALU and ELEW share one lane datapath (ALU_PP rows x CP channels). Pipeline of a 
 
     c    S0  issue the row reads and the DWCONVW read; padding / channel_offset flags
     c+1  S1  prod = (xv * w) >> psh: xv = the byte, or PV on pads and channel_offset lanes; w = int8
-             weight / alpha, int16 weight (mode 8), multi_factor (2, 4), 2731 (7), 1 (3, 5, prelu x>=0),
-             4 with psh = shift_read (ELEW: t = (x<<2) >> shift_read)
-    c+2  S2  acc = sum (or max for modes 3/5, or t0*t1 for ELEW mult); last step of a line: BIAS read
-    c+3  S3  a = 2*acc + bias<<shift_bias (mode 0) | min(2^32, max(0, acc + 3*2731<<shift_bias)) (7)
-             | acc; leaky: 26*a and shift + 8 when a < 0
-    c+4  S4  signed rounding shift, ReLU/ReLU6, saturation -> write registers
+             weight (doubled in mode 0) / alpha, int16 weight (mode 8), multi_factor (2, 4), 2731 (7),
+             1 (3, 5, prelu x >= 0); ELEW: w = 4, psh = shift_read (t = (x<<2) >> shift_read).
+             The first step of an output line reads its BIAS line (mode 0).
+    c+2  S2  acc = sum (max for modes 3/5, t0*t1 for ELEW mult); a sum starts from bias<<shift_bias
+             (mode 0: acc = 2*sum + bias*2^sb) or 3*2731<<shift_bias (mode 7)
+    c+3  S3  v = (acc * 256 + rc) >> sh: the signed rounding shift (for a < 0 and leaky: acc * 26*256
+             and k + 8; prelu: sn for a < 0, sp otherwise)
+    c+4  S4  byte = min(y_hi, max(y_lo, v)): ReLU (y_lo 0), ReLU6 (y_hi 96), int8 saturation and the
+             hsigmoid clamp to [0, 2^32] (y_hi = min(127, rhu(2^32 / 2^shift_cut)), exact because the
+             rounding shift is monotonic) -> write registers
     c+5  S5  the ALU_PP write rows are issued (whole lines)
 
 so the last write is issued in cycle s+N+5 <= s+cost-1: alu_latency >= 6 and elew_latency >= 6
 (hw/params.MIN_LATENCY).
 
-Every signed rounding shift is `((a << 8) + rc) >> sh` with per-instruction (sh, rc) for a >= 0 and
-a < 0 (prelu sp/sn, leaky k+8): shift codes k < 0 (left shifts) are clamped to -8 and k > 50 to 50,
-both exact after saturation for the value ranges below. Arithmetic widths: |acc| <= 2^20 kernel
-positions * 128 * 32768 = 2^42 (mode 8), |26*a| < 2^47.
+Shift codes k < 0 (left shifts) are clamped to -8 and k > 50 to 50; both are exact after saturation
+for the value ranges: |acc| <= 2^20 kernel positions * 128 * 32768 = 2^42 (mode 8), |26*acc| < 2^47.
+Every lane computation sits under its stage's valid flag, datapath registers have no reset, and
+values are widened by arithmetic, not by Mux or assignment (which the Verilog backend emits as bit
+replication): this keeps the Verilator model fast.
 
 The per-instruction constants of the output placement (stride_offset_out / stride_out, bank group
 wrap) use small dividers on registered instruction fields; they are stable for the whole instruction
@@ -46,7 +51,8 @@ and first needed in S5.
 
 Semantic note: the engine streams, like the hardware. An instruction whose output lines overlap its own
 input lines (a later step reads a line an earlier step wrote), or that writes one line twice, can differ
-from the executor, which reads the whole tile before writing row by row. Real programs do neither.
+from the executor, which reads the whole tile before writing row by row (tests/test_hw_misc.py keeps
+its random programs free of both; co-simulating real programs is the check that they are too).
 """
 from __future__ import annotations
 
@@ -60,10 +66,11 @@ from . import iface
 from .decode import fields, opcode
 from .params import HwParams
 
-ACC_W = 46        # accumulator (bound 2^42, see the module docstring)
-A2_W = 50         # value before the rounding shift (|a2| < 2^47 for every valid instruction)
-KMAX = 50         # right shifts >= KMAX give 0 for |a2| < 2^49
+ACC_W = 46        # accumulator (|acc| <= 2^42, see the module docstring)
+KMAX = 50         # right shifts >= KMAX give 0 for |26*acc| < 2^49
 KMIN = -8         # left shifts beyond 8 saturate anyway
+RC_W = 59         # rounding constant 2^(k+7) of the shift by k+8
+V_W = 62          # acc * (256 | 26*256) + rc
 
 
 def raw(op: str, words, name: str):
@@ -173,14 +180,13 @@ class MiscEngine(wiring.Component):
         m.d.comb += k_p.eq(Mux(is0, sc + 1, Mux(is_prelu, sp, Mux(is2 | is_max, neg_e, sc))))
         k_n = Signal(signed(9))
         m.d.comb += k_n.eq(Mux(leaky, k_p + 8, Mux(is_prelu, sn, k_p)))
-        RC_W = A2_W + 9
         pv = Signal(signed(8))
         m.d.comb += pv.eq(Mux(is3, -128, 0))
         wconst = Signal(signed(16))                       # weight of modes 2, 4 (mf) and 7 (2731)
         m.d.comb += wconst.eq(Mux(is7, 2731, mf_s))
         use_wconst = Signal()
         m.d.comb += use_wconst.eq(is2 | is4 | is7)
-        off7 = Signal(40)                                 # 3*2731 << shift_bias
+        off7 = Signal(ACC_W - 1)                          # 3*2731 << shift_bias
         m.d.comb += off7.eq(Const(3 * 2731, 14) << sbc)
 
         a_kw, a_kh, a_cg, a_len = (raw("ALUINIT", ai, n) for n in ("kernel_w", "kernel_h", "channel_group",
@@ -417,12 +423,14 @@ class MiscEngine(wiring.Component):
 
         # ================================================================ shared lane pipeline
         # ALU and ELEW share the ALU_PP x CP lanes (they never overlap). Per lane:
-        #   S1  prod = (xv * wsel) >> psh       xv = PV on pads / channel_offset lanes, else the byte
-        #   S2  acc  = sum | max | ELEW product
-        #   S3  a2   = a, 26*a (leaky, a < 0);  a = 2*acc + bias<<shift_bias (mode 0) | hsigmoid clamp | acc
-        #   S4  byte = sat8(ACT(((a2 << 8) + rc) >> sh))  -> write registers
-        # Widening is done by arithmetic (`_sext`), never by Mux / assignment, which the Verilog backend
-        # would emit as bit replication (slow in Verilator). Datapath registers have no reset.
+        #   S1  prod = (xv * w) >> psh     xv = PV on pads / channel_offset lanes, else the byte
+        #   S2  acc  = sum | max | ELEW product; a sum starts from bias<<shift_bias (mode 0, where w is
+        #            doubled so acc = 2*sum + bias*2^sb) or 3*2731<<shift_bias (mode 7)
+        #   S3  v    = (acc * (256 | 26*256) + rc) >> sh     (rounding shift; leaky: 26*a, k + 8)
+        #   S4  byte = min(y_hi, max(y_lo, v))                (ReLU, ReLU6, hsigmoid 2^32 clamp, sat8)
+        # Every lane computation sits under its stage's valid flag and has no reset; widening is done
+        # by arithmetic (`_sext`), never by Mux / assignment, which the Verilog backend would emit as bit
+        # replication (slow in Verilator).
         el_v = Signal()                                   # the running instruction is an ELEW
         with m.If(ctl.start & (opc == opcode("ALU"))):
             m.d.sync += el_v.eq(0)
@@ -434,7 +442,7 @@ class MiscEngine(wiring.Component):
         m.d.comb += [d_m0.eq(alu_v & is0), d_m7.eq(alu_v & is7), d_leaky.eq(alu_v & leaky),
                      d_max.eq(alu_v & is_max), d_prelu.eq(alu_v & is_prelu), d_is8.eq(alu_v & is8),
                      d_mult.eq(el_v & e_mult)]
-        d_wconst = Signal(signed(16))
+        d_wconst = Signal(signed(16))                     # weight for every lane (modes 2, 3, 4, 5, 7; ELEW)
         m.d.comb += d_wconst.eq(Mux(el_v, 4, Mux(is_max, 1, wconst)))
         d_usec = Signal()
         m.d.comb += d_usec.eq(el_v | use_wconst | is_max)
@@ -443,12 +451,14 @@ class MiscEngine(wiring.Component):
         m.d.comb += [k_pa.eq(Mux(el_v, kk, k_p)), k_na.eq(Mux(el_v, kk, k_n))]
         sh_p, rc_p = _shift_consts(m, k_pa, KMAX, RC_W, "kp")
         sh_n, rc_n = _shift_consts(m, k_na, KMAX, RC_W, "kn")
-        d_relu = Signal()
-        d_relu6 = Signal()
-        m.d.comb += [d_relu.eq(Mux(el_v, e_relu, relu_a)), d_relu6.eq(alu_v & relu6_a)]
-        y_lo = Signal(signed(8))                          # ReLU / ReLU6 / saturation as one clamp
-        y_hi = Signal(signed(8))
-        m.d.comb += [y_lo.eq(Mux(d_relu, 0, -128)), y_hi.eq(Mux(d_relu6, 96, 127))]
+        mul_n = Signal(14)                                # x256 of the rounding shift, x26 for leaky a < 0
+        m.d.comb += mul_n.eq(Mux(d_leaky, 26 * 256, 256))
+        hi7 = Signal(8)                                   # min(127, rhu(2^32 / 2^shift_cut)): hsigmoid
+        m.d.comb += hi7.eq(Mux(sc <= 25, 127, Mux(sc <= 32, Const(128, 8) >> (sc - 25)[:3], Mux(sc == 33, 1, 0))))
+        y_lo = Signal(signed(8))
+        y_hi = Signal(signed(9))
+        m.d.comb += [y_lo.eq(Mux(Mux(el_v, e_relu, relu_a | is7), 0, -128)),
+                     y_hi.eq(Mux(el_v, 127, Mux(is7, hi7, Mux(relu6_a, 96, 127))))]
 
         # ---- S0 -> S1 control
         s1_v, s1_first, s1_last, s1_cv, s1_colpad = (Signal(name=n) for n in (
@@ -467,13 +477,14 @@ class MiscEngine(wiring.Component):
             m.d.sync += [s1_first.eq((cw_d == 0) & (cw_kx == 0) & (cw_ky == 0)), s1_last.eq(last_ky),
                          s1_cv.eq(is_dw | (cw_d == 0)), s1_colpad.eq(colpad), s1_rowpad.eq(Cat(*rowpad)),
                          s1_mask.eq(lane_mask), s1_oo.eq(outoff), s1_g.eq(cw_g), s1_psh.eq(0)]
+        # the BIAS line of a (w, g) output line is read by its first step, for its S2
+        m.d.comb += [self.bias_rd.en.eq(s1_v & s1_first & d_m0), self.bias_rd.addr.eq(L["bank_addr_bias"] + s1_g)]
 
         # ---- S1: mask + multiply
         s2_v, s2_first, s2_last, s2_cv = (Signal(name=n) for n in ("s2_v", "s2_first", "s2_last", "s2_cv"))
         s2_oo = Signal(AB, reset_less=True)
-        s2_g = Signal(8, reset_less=True)
         m.d.sync += [s2_v.eq(s1_v), s2_first.eq(s1_first), s2_last.eq(s1_last), s2_cv.eq(s1_cv),
-                     s2_oo.eq(s1_oo), s2_g.eq(s1_g)]
+                     s2_oo.eq(s1_oo)]
         dwd = self.dw_rd.data
         w16 = dwd[0:16].as_signed()
         prod = [[Signal(signed(24), name=f"prod{h}_{i}", reset_less=True) for i in range(CP)] for h in range(APP)]
@@ -481,49 +492,48 @@ class MiscEngine(wiring.Component):
             rdd = self.img_rd[h].data
             for i in range(CP):
                 byte = rdd[8 * i: 8 * i + 8].as_signed()
-                xv = Mux(s1_rowpad[h] | s1_colpad | s1_mask[i], pv, byte)
-                wv = Mux(d_is8, w16, Mux(d_usec, d_wconst, _sext(dwd[8 * i: 8 * i + 8].as_signed(), 16)))
-                wsel = Mux(d_prelu & ~xv[7], 1, wv)
+                padded = s1_rowpad[h] | s1_colpad | s1_mask[i]
+                xv = Mux(padded, pv, byte)
+                wb = _sext(dwd[8 * i: 8 * i + 8].as_signed(), 16)
+                wv = Mux(d_is8, w16, Mux(d_usec, d_wconst, (wb * (1 + d_m0))[:16].as_signed()))
+                # prelu / leakyrelu: x >= 0 passes (pads are 0 there)
+                wsel = Mux(d_prelu & (padded | ~rdd[8 * i + 7]), 1, wv)
                 with m.If(s1_v):
                     m.d.sync += prod[h][i].eq((xv * wsel) >> s1_psh)
 
         # ---- S2: accumulate
+        s3_fin = Signal()
+        s3_oo = Signal(AB, reset_less=True)
+        m.d.sync += [s3_fin.eq(s2_v & s2_last), s3_oo.eq(s2_oo)]
         acc = [[Signal(signed(ACC_W), name=f"acc{h}_{i}", reset_less=True) for i in range(CP)] for h in range(APP)]
+        bd = self.bias_rd.data
         for h in range(APP):
             for i in range(CP):
                 a_ = acc[h][i]
                 pr_ = prod[h][i]
-                s_sum = Mux(s2_first, 0, a_) + _sext(Mux(s2_cv, pr_, 0), ACC_W)
+                init = Mux(d_m0, _sext(bd[8 * i: 8 * i + 8].as_signed() << sbc, ACC_W),
+                           Mux(d_m7, off7, 0))
+                s_sum = Mux(s2_first, init, a_) + _sext(Mux(s2_cv, pr_, 0), ACC_W)
                 mb = Mux(s2_first, -128, a_)
                 mi = _sext(Mux(s2_cv, pr_, -128), ACC_W)
                 s_max = Mux(mi > mb, mi, mb)
                 s_mul = _sext(a_[:10].as_signed() * pr_[:10].as_signed(), ACC_W)
                 with m.If(s2_v):
                     m.d.sync += a_.eq(Mux(d_max, s_max, Mux(d_mult & ~s2_first, s_mul, s_sum)))
-        s3_fin = Signal()
-        s3_oo = Signal(AB, reset_less=True)
-        m.d.sync += [s3_fin.eq(s2_v & s2_last), s3_oo.eq(s2_oo)]
-        m.d.comb += [self.bias_rd.en.eq(s2_v & s2_last & d_m0), self.bias_rd.addr.eq(L["bank_addr_bias"] + s2_g)]
 
-        # ---- S3: bias / hsigmoid / leaky
+        # ---- S3: rounding shift
         s4_fin = Signal()
         s4_oo = Signal(AB, reset_less=True)
         m.d.sync += [s4_fin.eq(s3_fin), s4_oo.eq(s3_oo)]
-        a2 = [[Signal(signed(A2_W), name=f"a2_{h}_{i}", reset_less=True) for i in range(CP)] for h in range(APP)]
-        negs = [[Signal(name=f"neg{h}_{i}", reset_less=True) for i in range(CP)] for h in range(APP)]
-        bd = self.bias_rd.data
+        vv = [[Signal(signed(V_W), name=f"v{h}_{i}", reset_less=True) for i in range(CP)] for h in range(APP)]
         for h in range(APP):
             for i in range(CP):
                 av = acc[h][i]
-                bias = bd[8 * i: 8 * i + 8].as_signed()
-                a = Signal(signed(A2_W), name=f"a_{h}_{i}")
-                m.d.comb += a.eq(Mux(d_m0, _sext(av * 2 + (bias << sbc), A2_W),
-                                     Mux(d_m7, _sext(_clamp(av + off7, 0, 1 << 32), A2_W), _sext(av, A2_W))))
-                ng = a < 0
+                ng = av < 0
                 with m.If(s3_fin):
-                    m.d.sync += [a2[h][i].eq(Mux(d_leaky & ng, _sext(a * 26, A2_W), a)), negs[h][i].eq(ng)]
+                    m.d.sync += vv[h][i].eq((av * Mux(ng, mul_n, 256) + Mux(ng, rc_n, rc_p)) >> Mux(ng, sh_n, sh_p))
 
-        # ---- S4: rounding shift, activation, saturation -> write registers
+        # ---- S4: activation and saturation as one clamp -> write registers
         w_en = Signal(APP)
         w_bank = [Signal(6, name=f"w_bank{h}", reset_less=True) for h in range(APP)]
         w_addr = [Signal(AB, name=f"w_addr{h}", reset_less=True) for h in range(APP)]
@@ -533,9 +543,7 @@ class MiscEngine(wiring.Component):
             for h in range(APP):
                 row = []
                 for i in range(CP):
-                    ng = negs[h][i]
-                    v = Signal(signed(RC_W + 2), name=f"v{h}_{i}")
-                    m.d.comb += v.eq((a2[h][i] * 256 + Mux(ng, rc_n, rc_p)) >> Mux(ng, sh_n, sh_p))
+                    v = vv[h][i]
                     row.append(Mux(v < y_lo, y_lo[:8], Mux(v > y_hi, y_hi[:8], v[:8])))
                 m.d.sync += [w_en[h].eq(Mux(el_v, e_vpp > h, vpp > h)),
                              w_bank[h].eq(Mux(el_v, eo_bank[h], o_bank[h])),
