@@ -3,8 +3,9 @@ PY      := .venv/bin/python
 SHARED  ?= ../shared
 MODELS  := $(SHARED)/models
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.venv/numba-cache
+export AMARANTH_USE_YOSYS ?= builtin
 
-.PHONY: all venv demo test test-slow bench proto clean
+.PHONY: all venv iverilog demo test test-slow bench bench-rtl proto clean
 
 all: test
 
@@ -17,18 +18,27 @@ all: test
 
 venv: .venv/.installed
 
+# Icarus Verilog is the one tool PyPI lacks (cocotb-icarus flow); installed from Debian when missing.
+iverilog:
+	@command -v iverilog >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get install -y -q iverilog >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q iverilog >/dev/null) || \
+	    sudo apt-get install -y -q iverilog; } || echo "warning: iverilog not installed; the Icarus test is skipped"; }
+
 demo: venv
 	$(PY) -m runtime.demo --models $(MODELS)
 
-test: venv
+test: venv iverilog
 	$(PY) -m pytest -q
 
-test-slow: venv
+test-slow: venv iverilog
 	$(PY) -m pytest -q -m slow
 
 bench: venv
 	$(PY) benchmarks/bench_executor.py --models $(MODELS)
 	$(PY) benchmarks/bench_timing.py --models $(MODELS)
+
+bench-rtl: venv iverilog
+	$(PY) benchmarks/bench_rtl.py --models $(MODELS) --flows
 
 # Regenerate compiler/xir/xir_pb2.py from xir.proto (needs grpcio-tools; the output is committed).
 proto:
@@ -36,4 +46,4 @@ proto:
 	cd compiler/xir && ../../$(PY) -m grpc_tools.protoc -I. --python_out=. xir.proto
 
 clean:
-	rm -rf .venv .pytest_cache .hypothesis build *.egg-info
+	rm -rf .venv .pytest_cache .hypothesis build *.egg-info waveforms/*.vcd waveforms/*.gtkw

@@ -266,19 +266,31 @@ class ConvEngine(wiring.Component):
         R = [[Signal(signed(p.acc_bits), name=f"R{h}_{o}") for o in range(cp)] for h in range(pp)]
         rv = Signal()
         m.d.sync += rv.eq(v_d & last_d)
-        wts = [[self.w_rd.data[o][8 * i:8 * i + 8].as_signed() for i in range(cp)] for o in range(cp)]
+        # Products in 32-bit modular arithmetic: operands sign-extended once to 32 bits, products and
+        # sums truncated to 32 bits; exact because |sum of ICP products| < 2^20 (keeps the simulators fast).
+        wts = []
+        for o in range(cp):
+            row = []
+            for i in range(cp):
+                we = Signal(32, name=f"w{o}_{i}")
+                m.d.comb += we.eq(self.w_rd.data[o][8 * i:8 * i + 8].as_signed())
+                row.append(we)
+            wts.append(row)
         for h in range(pp):
             d = self.img_rd[h].data
             xs = []
             for i in range(cp):
-                xm = Signal(signed(8), name=f"x{h}_{i}")
-                m.d.comb += xm.eq(Mux(rowok_d[h] & chok_d[i], d[8 * i:8 * i + 8], 0))
+                xm = Signal(32, name=f"x{h}_{i}")
+                m.d.comb += xm.eq(Mux(rowok_d[h] & chok_d[i], d[8 * i:8 * i + 8].as_signed(), 0))
                 xs.append(xm)
             for o in range(cp):
-                ps = Signal(signed(16 + max(1, (cp - 1).bit_length())), name=f"ps{h}_{o}")
-                m.d.comb += ps.eq(sum(xs[i] * wts[o][i] for i in range(cp)))
+                ps = Signal(32, name=f"ps{h}_{o}")
+                acc32 = 0
+                for i in range(cp):
+                    acc32 = (acc32 + (xs[i] * wts[o][i])[:32])[:32]
+                m.d.comb += ps.eq(acc32)
                 nxt = Signal(signed(p.acc_bits), name=f"accn{h}_{o}")
-                m.d.comb += nxt.eq(Mux(first_d, 0, acc[h][o]) + ps)
+                m.d.comb += nxt.eq(Mux(first_d, 0, acc[h][o]) + ps.as_signed())
                 with m.If(v_d):
                     m.d.sync += acc[h][o].eq(nxt)
                 with m.If(v_d & last_d):

@@ -153,3 +153,25 @@ def test_cocotb_icarus_flow():
 def test_cocotb_verilator_flow():
     reps = cosim_programs(SMALL, _programs(SMALL, range(5), n=25), backend="cocotb-verilator")
     _assert_all_match(reps)
+
+
+@pytest.mark.slow
+def test_yolox_nano_b512_whole_on_rtl():
+    """YOLOX-nano compiled for B512, every DPU subgraph on the B512 RTL: bit- and cycle-exact."""
+    import time
+    from compiler.xir.graph import load as load_xmodel
+    from runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from sim.cosim import subgraph_program
+    from conftest import model_path
+    g = load_xmodel(model_path("yolox_nano_b512"))
+    rng = np.random.default_rng(11)
+    progs = []
+    for sg in dpu_subgraphs(g):
+        dsg = DpuSubgraph(g, sg)
+        xs = [rng.integers(-128, 128, size=s.dims, dtype=np.int8) for s in dsg.inputs]
+        progs.append((sg.name,) + subgraph_program(dsg, xs))
+    t0 = time.time()
+    reps = cosim_programs(B512, progs)
+    print(f"YOLOX-nano B512 on RTL: {sum(r.rtl_cycles for r in reps)} cycles, {time.time() - t0:.1f} s wall")
+    _assert_all_match(reps)
+    assert sum(r.instructions for r in reps) > 20000
