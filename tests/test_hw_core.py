@@ -130,10 +130,12 @@ def test_mnist_on_b4096_rtl(mnist_path):
 
 
 def test_verilog_for_every_preset_and_lint(tmp_path):
+    from concurrent.futures import ProcessPoolExecutor
     from hw.harness import export_verilog, tool_env, verilator_root
-    for name in PRESETS:
-        v = export_verilog(name, tmp_path / f"{name}.v")
-        assert "module dpu_core" in v
+    with ProcessPoolExecutor(max_workers=2) as ex:
+        texts = list(ex.map(export_verilog, PRESETS, [tmp_path / f"{n}.v" for n in PRESETS]))
+    for name, v in zip(PRESETS, texts):
+        assert "module dpu_core" in v and (tmp_path / f"{name}.v").read_text() == v
     env = tool_env()
     r = subprocess.run([str(verilator_root() / "bin" / "verilator"), "--lint-only", "-Wno-fatal", "-Wall",
                         "--top-module", "dpu_core", str(tmp_path / "DPUCZDX8G_ISA1_B512.v")],

@@ -381,11 +381,12 @@ def test_alu_elementwise_modes():
 
 
 def test_alu_hsigmoid_many_values():
-    """hsigmoid over ~1500 values per scaling; the scalings are ones where 2730 or 2732 instead of 2731
-    changes 5-10% of the int8 inputs (most scalings hide such an error)."""
+    """hsigmoid over 768 values per scaling: scalings where 2730 or 2732 instead of 2731 changes 5-10% of
+    the int8 inputs (most scalings hide such an error), the 2^32 clamp at shift_cut 25 (saturates) and
+    33 (rounds to 1), and shift_cut 0 where only x = -3 gives an unsaturated 0."""
     t = Target.parametric(pp=2, cp=4, alu_pp=2, bank_depth=256)
     rng = np.random.default_rng(66)
-    for k, (sb, sc) in enumerate(((0, 14), (3, 14), (5, 10))):
+    for k, (sb, sc) in enumerate(((0, 14), (3, 14), (5, 10), (20, 25), (20, 33), (0, 0))):
         prog = rand_alu_pair(rng, t, 7, dict(shift_bias=sb, shift_cut=sc, length=48, channel_group=2,
                                              channel_offset=0, jump_read=2, jump_write=2),
                              dict(valid_pixel_parallel=2, pad_top=0, pad_left=0))
