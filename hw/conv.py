@@ -266,31 +266,19 @@ class ConvEngine(wiring.Component):
         R = [[Signal(signed(p.acc_bits), name=f"R{h}_{o}") for o in range(cp)] for h in range(pp)]
         rv = Signal()
         m.d.sync += rv.eq(v_d & last_d)
-        # Offset-binary MAC: x = x' - 128, w = w' - 128 with x' = x ^ 0x80 in 0..255, so
-        # sum x*w = sum x'w' - 128*sum x' - 128*sum w' + 2^14*ICP, all unsigned (fast in simulators);
-        # taken modulo 2^32, exact since |sum x*w| < 2^20. A masked input byte is x = 0, i.e. x' = 128.
-        wts, wsum = [], []
-        for o in range(cp):
-            row = [self.w_rd.data[o][8 * i:8 * i + 8] ^ 0x80 for i in range(cp)]
-            ws = Signal(16, name=f"wsum{o}")
-            m.d.comb += ws.eq(sum(row))
-            wts.append(row)
-            wsum.append(ws)
-        corr0 = (cp << 14)
+        wts = [[self.w_rd.data[o][8 * i:8 * i + 8].as_signed() for i in range(cp)] for o in range(cp)]
         for h in range(pp):
             d = self.img_rd[h].data
             xs = []
             for i in range(cp):
-                xm = Signal(8, name=f"x{h}_{i}")
-                m.d.comb += xm.eq(Mux(rowok_d[h] & chok_d[i], d[8 * i:8 * i + 8] ^ 0x80, 0x80))
+                xm = Signal(signed(8), name=f"x{h}_{i}")
+                m.d.comb += xm.eq(Mux(rowok_d[h] & chok_d[i], d[8 * i:8 * i + 8], 0))
                 xs.append(xm)
-            xsum = Signal(16, name=f"xsum{h}")
-            m.d.comb += xsum.eq(sum(xs))
             for o in range(cp):
-                ps = Signal(32, name=f"ps{h}_{o}")
-                m.d.comb += ps.eq(sum(xs[i] * wts[o][i] for i in range(cp)) + corr0 - ((xsum + wsum[o]) << 7))
+                ps = Signal(signed(16 + max(1, (cp - 1).bit_length())), name=f"ps{h}_{o}")
+                m.d.comb += ps.eq(sum(xs[i] * wts[o][i] for i in range(cp)))
                 nxt = Signal(signed(p.acc_bits), name=f"accn{h}_{o}")
-                m.d.comb += nxt.eq(Mux(first_d, 0, acc[h][o]) + ps.as_signed())
+                m.d.comb += nxt.eq(Mux(first_d, 0, acc[h][o]) + ps)
                 with m.If(v_d):
                     m.d.sync += acc[h][o].eq(nxt)
                 with m.If(v_d & last_d):
@@ -317,7 +305,7 @@ class ConvEngine(wiring.Component):
                 v2 = Signal(signed(64), name=f"v2_{h}_{o}")
                 m.d.comb += v2.eq(Mux(act_relu6 & (v1 > 96), 96, v1))
                 y = Mux(v2 > 127, 127, Mux(v2 < -128, -128, v2))[:8]
-                ybytes.append(R[h][o][:8])
+                ybytes.append(y)
             with m.If(rv):
                 m.d.sync += Y[h].eq(Cat(*ybytes))
 
