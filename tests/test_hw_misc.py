@@ -238,13 +238,15 @@ def rand_elew_prog(rng, t: Target, et: int, num: int, **over) -> list[Instructio
 
 
 # ---- simulation ----------------------------------------------------------------------------------
-def run_rtl(t: Target, prog: list[Instruction], seed: int, name: str, gap_rng=None):
-    """Run `prog` on the RTL (random preload from `seed`) and on DpuMachine; compare every bank byte,
-    every end cycle and the write cycles."""
+def run_rtl(t: Target, prog: list[Instruction], seed: int, name: str, gap_rng=None, fill=None):
+    """Run `prog` on the RTL (random preload from `seed`, then `fill(pre)` if given) and on DpuMachine;
+    compare every bank byte, every end cycle and the write cycles."""
     p = HwParams.of(t)
     W, D, nb = p.width, p.depth, p.num_banks
     rng = np.random.default_rng(seed)
     pre = rng.integers(-128, 128, size=(nb, D * W)).astype(np.int8)
+    if fill is not None:
+        fill(pre)
     ref = DpuMachine(t, {}, init_fill="zero")
     ref.banks[:] = pre
     ref.run(to_arrays(prog))
@@ -393,6 +395,36 @@ def test_alu_hsigmoid_many_values():
         run_rtl(t, prog, seed=67 + k, name=f"misc_alu_hsigmoid{k}")
 
 
+def test_alu_extreme_magnitudes():
+    """dwconv_w16b0 with every input 127 and every weight -32640: |acc| = 18 * 127 * 32640 ~ 2^26, leaky
+    26*acc ~ 2^31 shifted by shift_cut + 8 = 31..49 (the shift clamp must not bite), and the same
+    positive; avgpool with every input -128 and multi_factor -128 (the largest sum * mf)."""
+    t = small()
+    p = HwParams.of(t)
+
+    def fill(pre):
+        pre[:p.num_img_banks] = 127
+        pre[p.dwconvw_bank] = -128          # bytes 0x80 0x80: int16 -32640
+
+    def fill_pos(pre):
+        fill(pre)
+        pre[p.dwconvw_bank] = 127           # int16 0x7F7F = 32639
+
+    rng = np.random.default_rng(88)
+    for k, (sc, f) in enumerate(((23, fill), (24, fill), (33, fill), (41, fill), (23, fill_pos), (27, fill_pos))):
+        prog = rand_alu_pair(rng, t, 8, dict(act_type=3 if f is fill else 0, shift_cut=sc, kernel_h=3, kernel_w=3,
+                                             channel_offset=0),
+                             dict(kernel_d=2, pad_top=0, pad_left=0, pad_bottom=2, pad_right=2))
+        run_rtl(t, prog, seed=90 + k, name=f"misc_alu_extreme{k}", fill=f)
+
+    def fill_neg(pre):
+        pre[:p.num_img_banks] = -128
+
+    prog = rand_alu_pair(rng, t, 2, dict(multi_factor=128, shift_cut=20, kernel_h=3, kernel_w=3, channel_offset=0),
+                         dict(pad_top=0, pad_left=0, pad_bottom=2, pad_right=2))
+    run_rtl(t, prog, seed=99, name="misc_alu_extreme_avg", fill=fill_neg)
+
+
 # ---- ELEW ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("et,num", [(0, 1), (0, 2), (0, 3), (0, 4), (1, 2)])
 def test_elew_random(et, num):
@@ -437,7 +469,7 @@ def test_elew_reuses_descriptors():
 
 # ---- timing corners and other shapes ---------------------------------------------------------------
 def test_min_latency_and_long_init():
-    """The smallest latencies of hw/params.MIN_LATENCY (alu 6, elew 5) and init_cycles 3."""
+    """The smallest latencies hw/params.MIN_LATENCY allows (alu_latency, elew_latency) and init_cycles 3."""
     from hw.params import MIN_LATENCY
     t = small(alu_latency=MIN_LATENCY["alu_latency"], elew_latency=MIN_LATENCY["elew_latency"], init_cycles=3)
     rng = np.random.default_rng(12)
