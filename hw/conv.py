@@ -11,7 +11,8 @@ CONV runs one *step* per cycle over (w, ky, kx, g), g innermost: N = length·ker
     cycle s+2+j      MAC: masked inputs x weights, PP x OCP sums of ICP signed 8x8 products, added into
                      the PP x OCP 48-bit accumulators; the last step of a column copies the sums into R
     cycle s+3+j      POST (last step of a column only): a = 2·R + bias·2^shift_bias, activation,
-                     DPU rounding, int8 saturation -> Y (PP lines of OCP bytes)
+                     DPU rounding, int8 saturation -> Y (PP lines of OCP bytes); unsigned 60-bit
+                     arithmetic with the clamps done as compares before the byte extraction
     cycle s+4+j      WRITE: one output line per valid row (stride_out placement)
     cycle s+N+lat    end (the tail counter waits out conv_latency after the last issue)
 
@@ -19,13 +20,17 @@ The bias line is read once (issued in cycle s+1, latched in s+2). Column w's POS
 accumulation of column w+1, so the array is busy every cycle. The pipeline needs conv_latency >= 4
 (`MIN_LATENCY["conv_latency"]`): the last write is issued in cycle s+N+3 <= s+cost-1.
 
+Like the hardware it models, a CONV writes column w while it still reads later columns: a program
+whose CONV reads lines that the same CONV writes, or writes one line twice, can differ from the
+executor (which gathers everything first and writes rows in h order). Compiled programs never do.
+
 Address generation uses counters only (no multiplier in the step loop): the line offset of a step is
 shared by all rows; a row's line is its pass base (a 4-entry shift register that advances when the
 input slot crosses a bank-group boundary) plus that offset.
 """
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -63,7 +68,6 @@ class ConvEngine(wiring.Component):
         p = self.p
         m = Module()
         pp, cp, ab = p.pp, p.cp, p.addr_bits
-        amask = (1 << ab) - 1
 
         def A(v):
             """An address value reduced modulo DEPTH (low addr_bits bits)."""
@@ -81,13 +85,22 @@ class ConvEngine(wiring.Component):
         jre = Signal(ab)         # jump_read_endl
         jw = Signal(ab)          # jump_write
         sb = Signal(5)           # shift_bias (<= 20 on legal programs)
-        act_relu = Signal()      # act 1 or 4
-        act_relu6 = Signal()     # act 4
+        # Output arithmetic (POST stage), per path: n = none/ReLU/ReLU6 and leaky with a >= 0; l = leaky
+        # with a < 0 (26*a). kk = the right shift, clamped to 56 (every clamped case rounds to 0 because
+        # |a| < 2^49); rf = 2^(kk-1) + 2^59 (rounding constant plus the sign offset of the POST stage);
+        # tb = 2^(59-kk), the offset that the sign offset leaves after the shift.
+        kk_n = Signal(6)
+        kk_l = Signal(6)
+        rf_n = Signal(60)
+        rf_l = Signal(60)
+        th_n = Signal(60)        # shifted values >= th_n saturate high (to hi8)
+        tl_n = Signal(60)        # shifted values <  tl_n saturate low (to lo8)
+        tl_l = Signal(60)
+        nb_n = Signal(8)         # -tb mod 256: added to the low byte of the shifted value
+        nb_l = Signal(8)
+        hi8 = Signal(8)          # 127, or 96 for ReLU6
+        lo8 = Signal(8)          # -128, or 0 for ReLU / ReLU6
         act_leaky = Signal()     # act 3
-        kk_n = Signal(6)         # min(shift_cut+1, 62)
-        kk_l = Signal(6)         # min(shift_cut+9, 62)
-        rnd_n = Signal(signed(63))   # 2^(kk_n-1)
-        rnd_l = Signal(signed(63))
         vpp = Signal(4)
         kh = Signal(5)
         kw = Signal(5)
@@ -103,16 +116,28 @@ class ConvEngine(wiring.Component):
 
         with m.If(start_init):
             sc = fi["shift_cut"]
-            kn1 = Signal(6)          # kk_n - 1
-            kl1 = Signal(6)          # kk_l - 1
-            m.d.comb += [kn1.eq(Mux(sc > 61, 61, sc)), kl1.eq(Mux(sc + 8 > 61, 61, sc + 8))]
             act = fi["act_type"]
+            kn = Signal(6)
+            kl = Signal(6)
+            m.d.comb += [kn.eq(Mux(sc > 55, 56, sc + 1)), kl.eq(Mux(sc > 47, 56, sc + 9))]
+            relu = (act == 1) | (act == 4)
+            relu6 = act == 4
+
+            def pow2(e):                           # 2^e for 0 <= e <= 63, as a 64-bit value
+                return (Const(1, 1) << e[:6])[:64]
+            tbn = Signal(60)
+            tbl = Signal(60)
+            m.d.comb += [tbn.eq(pow2(59 - kn)), tbl.eq(pow2(59 - kl))]
             m.d.sync += [
                 jr.eq(A(fi["jump_read"])), jre.eq(A(fi["jump_read_endl"])), jw.eq(A(fi["jump_write"])),
-                sb.eq(fi["shift_bias"][:5]),
-                act_relu.eq((act == 1) | (act == 4)), act_relu6.eq(act == 4), act_leaky.eq(act == 3),
-                kk_n.eq(kn1 + 1), kk_l.eq(kl1 + 1),
-                rnd_n.eq((Const(1, 62) << kn1)[:62]), rnd_l.eq((Const(1, 62) << kl1)[:62]),
+                sb.eq(fi["shift_bias"][:5]), act_leaky.eq(act == 3),
+                kk_n.eq(kn), kk_l.eq(kl),
+                rf_n.eq(pow2(kn - 1)[:59] | (1 << 59)), rf_l.eq(pow2(kl - 1)[:59] | (1 << 59)),
+                th_n.eq(tbn + Mux(relu6, 97, 128)),
+                tl_n.eq(Mux(relu, tbn, Mux(tbn[7:] != 0, tbn - 128, 0))),
+                tl_l.eq(Mux(tbl[7:] != 0, tbl - 128, 0)),
+                nb_n.eq(-tbn[:8]), nb_l.eq(-tbl[:8]),
+                hi8.eq(Mux(relu6, 96, 127)), lo8.eq(Mux(relu, 0, 0x80)),
                 vpp.eq(fi["valid_pixel_parallel"]), kh.eq(fi["kernel_h"]), kw.eq(fi["kernel_w"]),
                 sh.eq(fi["stride_h"]), sw.eq(fi["stride_w"]), soi.eq(fi["stride_offset_in"]),
                 soi_jre.eq(A(fi["stride_offset_in"] * fi["jump_read_endl"])),
@@ -122,19 +147,18 @@ class ConvEngine(wiring.Component):
             ]
             # (t // so, t % so) for t = 0 .. 7+PP-1 by a chain of increments (no divider)
             so_f, soo_f, jwe_f = fi["stride_out"], fi["stride_offset_out"], fi["jump_write_endl"]
-            qs, rs = [Const(0, 5)], [Const(0, 5)]
+            quo, rem = [Const(0, 5)], [Const(0, 5)]
             for t in range(1, 7 + pp):
-                wrap = (rs[-1] + 1) >= so_f
+                wrap = (rem[-1] + 1) >= so_f
                 qt, rt = Signal(5, name=f"soq{t}"), Signal(5, name=f"sor{t}")
-                m.d.comb += [rt.eq(Mux(wrap, 0, rs[-1] + 1)), qt.eq(qs[-1] + wrap)]
-                qs.append(qt)
-                rs.append(rt)
-            qa, ra = Array(qs), Array(rs)
+                m.d.comb += [rt.eq(Mux(wrap, 0, rem[-1] + 1)), qt.eq(quo[-1] + wrap)]
+                quo.append(qt)
+                rem.append(rt)
+            qa, ra = Array(quo), Array(rem)
             for h in range(pp):
                 m.d.sync += [osq[h].eq(qa[soo_f + h]), ormoff[h].eq(A(ra[soo_f + h] * jwe_f))]
 
         # ================= CONV instruction registers (latched at CONV start) =================
-        nimg = p.num_img_banks
         bases = [Signal(ab, name=f"base{k}") for k in range(4)]
         gb_i = Signal(6)
         c_i = Signal(range(max(pp, 2)))
@@ -254,12 +278,12 @@ class ConvEngine(wiring.Component):
 
         # ================= bias =================
         bias_pend = Signal()
-        bias = Signal(8 * cp)
+        bsh = [Signal(60, name=f"bsh{o}") for o in range(cp)]    # bias[o] * 2^shift_bias (mod 2^60)
         m.d.comb += [self.bias_rd.en.eq(bias_pend), self.bias_rd.addr.eq(bab)]
         bias_v = Signal()
         m.d.sync += [bias_pend.eq(0), bias_v.eq(bias_pend)]
         with m.If(bias_v):
-            m.d.sync += bias.eq(self.bias_rd.data)
+            m.d.sync += [bsh[o].eq(self.bias_rd.data[8 * o:8 * o + 8].as_signed() << sb) for o in range(cp)]
 
         # ================= MAC stage =================
         acc = [[Signal(signed(p.acc_bits), name=f"acc{h}_{o}") for o in range(cp)] for h in range(pp)]
@@ -288,24 +312,28 @@ class ConvEngine(wiring.Component):
         Y = [Signal(8 * cp, name=f"Y{h}") for h in range(pp)]
         yv = Signal()
         m.d.sync += yv.eq(rv)
+        # All in unsigned 60-bit arithmetic (|values| < 2^57), which simulates fast. With the sign offset
+        # 2^59 added, u = t + 2^59 > 0 for the true value t = n + 2^(kk-1), and (u >> kk) = v + tb with
+        # v = floor(t / 2^kk) the rounded value and tb = 2^(59-kk). The activation's clamp to [lo, hi]
+        # is done on u >> kk against tb + hi + 1 and tb + lo; in range, the output byte is the low byte
+        # of v = (u >> kk) - tb.
         for h in range(pp):
             ybytes = []
             for o in range(cp):
-                b = bias[8 * o:8 * o + 8].as_signed()
-                a = Signal(signed(p.acc_bits + 2), name=f"a{h}_{o}")
-                m.d.comb += a.eq((R[h][o] << 1) + (b << sb))
-                neg = act_leaky & a[-1]
-                n = Signal(signed(p.acc_bits + 8), name=f"n{h}_{o}")
-                m.d.comb += n.eq(Mux(neg, a * 26, a))
-                s = Signal(signed(64), name=f"s{h}_{o}")
-                m.d.comb += s.eq(n + Mux(neg, rnd_l, rnd_n))
-                v = Signal(signed(64), name=f"v{h}_{o}")
-                m.d.comb += v.eq(s >> Mux(neg, kk_l, kk_n))
-                v1 = Mux(act_relu & v[-1], 0, v)
-                v2 = Signal(signed(64), name=f"v2_{h}_{o}")
-                m.d.comb += v2.eq(Mux(act_relu6 & (v1 > 96), 96, v1))
-                y = Mux(v2 > 127, 127, Mux(v2 < -128, -128, v2))[:8]
-                ybytes.append(y)
+                rs = Signal(60, name=f"r{h}_{o}")
+                m.d.comb += rs.eq(R[h][o])                       # sign-extends
+                a = Signal(60, name=f"a{h}_{o}")
+                m.d.comb += a.eq((rs << 1) + bsh[o])            # 2*acc + bias*2^shift_bias
+                neg = act_leaky & a[59]
+                a26 = (a << 4)[:60] + (a << 3)[:60] + (a << 1)[:60]
+                u = Signal(60, name=f"u{h}_{o}")
+                m.d.comb += u.eq(Mux(neg, a26, a) + Mux(neg, rf_l, rf_n))
+                sv = Signal(60, name=f"sv{h}_{o}")
+                m.d.comb += sv.eq(u >> Mux(neg, kk_l, kk_n))
+                hi_hit = ~neg & (sv >= th_n)
+                lo_hit = sv < Mux(neg, tl_l, tl_n)
+                y = Mux(hi_hit, hi8, Mux(lo_hit, lo8, sv[:8] + Mux(neg, nb_l, nb_n)))
+                ybytes.append(y[:8])
             with m.If(rv):
                 m.d.sync += Y[h].eq(Cat(*ybytes))
 

@@ -18,7 +18,7 @@ from amaranth.lib import wiring
 
 from isa.program import Instruction, to_arrays
 from isa.target import Target, get_target
-from sim.executor import DpuMachine, ExecError
+from sim.executor import DpuMachine
 
 from hw.banks import BankArray
 from hw.conv import ConvEngine
@@ -137,13 +137,15 @@ def rand_program(rng, t: Target, n_conv: int, big=False):
 
 
 # ---- the co-simulation -----------------------------------------------------------------------------
-def run_case(t: Target, prog, seed: int, name: str, gaps=None, ref_prog=None):
+def run_case(t: Target, prog, seed: int, name: str, gaps=None, ref_prog=None, patch=None):
     """Run `prog` on the RTL and on the executor (`ref_prog` if given, to check that the comparison can
     fail); compare all banks and the end cycles."""
     rng = np.random.default_rng(seed)
     p = HwParams.of(t)
     W, D, nb = t.bank_width, t.bank_depth, t.num_banks
     pre = rng.integers(-128, 128, size=(nb, D * W), dtype=np.int8)
+    if patch is not None:
+        patch(pre)
 
     mach = DpuMachine(t, {}, init_fill="zero")
     mach.banks[:] = pre
@@ -260,6 +262,46 @@ def test_conv_back_to_back_and_arithmetic_corners():
             ol = out_lines(t, ci, ins.fields)
             assert len(set(ol)) == len(ol)
     run_case(t, prog, 5, "conv_corners", gaps=[0] * len(prog))
+
+
+def test_conv_saturation_and_activation_boundaries():
+    """1x1 CONVs that see only input channel 0 (channel_offset = CP-1), so y = f(x*w + b) exactly
+    (shift_cut 0, shift_bias 1): pre-activation values sweep across 127/128, -128/-129, ReLU's 0 and
+    ReLU6's 96/97; leaky sweeps 26*a/2^9 across -128; shift_cut 3 gives rounding ties."""
+    t = small()
+    pp, cp, W = t.pp, t.cp, t.bank_width
+    cases = [  # act, shift_cut, shift_bias, weights, biases, x window
+        (0, 0, 1, [1, 1, 1, 1], [120, 119, 0, -120], range(-9, 10)),
+        (1, 0, 1, [1, 1, 1, 1], [120, 119, 0, -120], range(-9, 10)),
+        (4, 0, 1, [1, 1, 1, 1], [90, 88, 0, 120], range(-9, 10)),
+        (3, 0, 1, [10, 10, 10, 1], [20, 10, 0, 0], range(-128, -109)),
+        (3, 0, 1, [10, 10, 10, 1], [20, 10, 0, 0], range(100, 119)),
+        (0, 3, 0, [1, 2, 3, -1], [8, 7, -8, -7], range(-9, 10)),
+    ]
+    def patch(pre):
+        for j, (_, _, _, ws, bs, xs) in enumerate(cases):
+            for c, x in enumerate(xs):          # input bank j % PP, lines 20*(j // PP) + c, byte 0
+                pre[j % pp, (20 * (j // pp) + c) * W] = x
+            for o in range(cp):
+                pre[t.convw_base + o, j * W] = ws[o]         # CONVW bank o, line j, byte 0
+                pre[t.bias_bank, j * W + o] = bs[o]          # BIAS line j
+    prog = []
+    for j, (act, sc, sb, ws, bs, xs) in enumerate(cases):
+        prog.append(Instruction("CONVINIT", 0, 0, dict(
+            jump_read=1, shift_cut=sc, act_type=act, jump_read_endl=1, shift_bias=sb, stride_out=1,
+            jump_write=1, stride_offset_in=0, valid_pixel_parallel=1, kernel_h=1, stride_h=1,
+            jump_write_endl=1, stride_offset_out=0, kernel_w=1, stride_w=1)))
+        prog.append(Instruction("CONV", 0, 0, dict(
+            bank_addr_in=20 * (j // pp), pad_top=0, pad_left=0, bank_addr_out=20 * (j // pp) + 1, pad_bottom=0,
+            pad_right=0, channel_group=1, bank_addr_weights=j, bank_id_in=j % pp, length=len(xs),
+            bank_addr_bias=j, bank_id_out=pp + j % pp, bank_addr_in_1=0, bank_addr_in_2=0, bank_addr_in_3=0,
+            channel_offset=cp - 1)))
+    # the sweeps reach the boundaries (v = x*w + b for shift_cut 0, shift_bias 1)
+    v = {(c[0], x * w + b) for c in cases[:3] for x in c[5] for w, b in zip(c[3], c[4])}
+    assert {(0, 127), (0, 128), (0, -128), (0, -129), (1, -1), (1, 0), (1, 1), (4, 96), (4, 97)} <= v
+    lk = {(52 * (x * w + b) + 256) // 512 for x in cases[3][5] for w, b in zip(cases[3][3], cases[3][4])}
+    assert {-128, -129} <= lk
+    run_case(t, prog, 9, "conv_boundaries", patch=patch)
 
 
 def test_conv_slow_timing():
