@@ -95,3 +95,28 @@ class BankArray(wiring.Component):
             rp = self.mems[b].read_port(transparent_for=())
             m.d.comb += [rp.addr.eq(req.addr), rp.en.eq(req.en), req.data.eq(rp.data)]
         return m
+
+
+# ---- wiring of each engine to its BankArray ports (used by the core and by the block tests) ----------
+def connect_load(m, load, banks):
+    wiring.connect(m, load.bank_wr, banks.load_wr)
+
+
+def connect_save(m, unit, banks, u: int):
+    wiring.connect(m, unit.bank_rd, banks.save_rd[u])
+
+
+def connect_conv(m, conv, banks):
+    for h in range(banks.p.pp):
+        wiring.connect(m, conv.img_rd[h], banks.conv_rd[h])
+        wiring.connect(m, conv.img_wr[h], banks.conv_wr[h])
+    wiring.connect(m, conv.w_rd, banks.convw_rd)
+    wiring.connect(m, conv.bias_rd, banks.conv_bias_rd)
+
+
+def connect_misc(m, misc, banks):
+    for h in range(banks.p.alu_pp):
+        wiring.connect(m, misc.img_rd[h], banks.misc_rd[h])
+        wiring.connect(m, misc.img_wr[h], banks.misc_wr[h])
+    wiring.connect(m, misc.dw_rd, banks.dw_rd)
+    wiring.connect(m, misc.bias_rd, banks.misc_bias_rd)

@@ -17,7 +17,7 @@ that every instruction's start, end and retire cycle equals the cycle model's:
 """
 from __future__ import annotations
 
-from amaranth.hdl import Array, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -26,7 +26,6 @@ from isa.fields import BY_OPCODE, LOAD_ENGINE, SAVE_ENGINE, CONV_ENGINE, MISC_EN
 from . import iface
 from .params import HwParams
 
-ROB_SIZE = 8                      # SAVE-engine instructions in flight (SAVE units + END)
 END_OPCODE = 0x7
 USABLE = ("LOAD", "SAVE", "END", "CONVINIT", "CONV", "ALUINIT", "ALU", "ELEWINIT", "ELEW")
 # DPU_STS error bits
@@ -40,7 +39,7 @@ def n_end_slots(p: HwParams) -> int:
 
 def n_ret_slots(p: HwParams) -> int:
     """Trace slots for retire events: LOAD, CONV, MISC, then the SAVE reorder buffer in order."""
-    return 3 + ROB_SIZE
+    return 3 + p.save_rob_entries
 
 
 class Control(wiring.Component):
@@ -77,7 +76,7 @@ class Control(wiring.Component):
         D = t.fetch_fifo_words
         Q = t.queue_depth
         LF = t.fetch_latency
-        R = ROB_SIZE
+        R = p.save_rob_entries
         ports = p.ddr_ports
 
         run = Signal()
@@ -179,7 +178,7 @@ class Control(wiring.Component):
         for e in range(4):
             m.d.comb += disp_to[e].eq(dispatch & (eng == e))
             with m.If(disp_to[e]):
-                m.d.sync += [queues[e][q_wr[e]].eq(Cat_(head_words, disp_idx)),
+                m.d.sync += [queues[e][q_wr[e]].eq(Cat(head_words, disp_idx)),
                              q_wr[e].eq(Mux(q_wr[e] == Q - 1, 0, q_wr[e] + 1))]
 
         heads = []
@@ -360,7 +359,3 @@ class Control(wiring.Component):
             m.d.sync += [self.cnt_end[e].eq(0) for e in range(4)]
         return m
 
-
-def Cat_(*parts):
-    from amaranth.hdl import Cat
-    return Cat(*parts)

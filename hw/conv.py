@@ -36,17 +36,8 @@ from amaranth.lib.wiring import In, Out
 
 from . import decode, iface
 from .params import HwParams
+from .util import const_divmod as _const_divmod
 
-
-def _const_divmod(x, d: int, xmax: int):
-    """(x // d, x mod d) for a constant divisor d and 0 <= x <= xmax, without a divider."""
-    if d & (d - 1) == 0:
-        k = d.bit_length() - 1
-        return (x >> k), (x & (d - 1) if d > 1 else Const(0, 1))
-    q = 0
-    for k in range(1, xmax // d + 1):
-        q = q + (x >= k * d)
-    return q, (x - q * d)[:max(1, (d - 1).bit_length())]
 
 
 class ConvEngine(wiring.Component):

@@ -13,7 +13,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from . import iface
-from .banks import BankArray
+from .banks import BankArray, connect_conv, connect_load, connect_misc, connect_save
 from .control import Control, n_end_slots, n_ret_slots
 from .conv import ConvEngine
 from .loadsave import LoadEngine, SaveUnit
@@ -70,20 +70,12 @@ class DpuCore(wiring.Component):
         wiring.connect(m, ctl.misc, misc.ctl)
         for u, s in enumerate(saves):
             wiring.connect(m, ctl.save[u], s.ctl)
-            wiring.connect(m, s.bank_rd, banks.save_rd[u])
+            connect_save(m, s, banks, u)
             wiring.connect(m, s.ddr_wr, wiring.flipped(self.ddr_wr[u]))
-        wiring.connect(m, load.bank_wr, banks.load_wr)
+        connect_load(m, load, banks)
         wiring.connect(m, load.ddr_rd, wiring.flipped(self.ddr_rd))
-        for h in range(p.pp):
-            wiring.connect(m, conv.img_rd[h], banks.conv_rd[h])
-            wiring.connect(m, conv.img_wr[h], banks.conv_wr[h])
-        wiring.connect(m, conv.w_rd, banks.convw_rd)
-        wiring.connect(m, conv.bias_rd, banks.conv_bias_rd)
-        for h in range(p.alu_pp):
-            wiring.connect(m, misc.img_rd[h], banks.misc_rd[h])
-            wiring.connect(m, misc.img_wr[h], banks.misc_wr[h])
-        wiring.connect(m, misc.dw_rd, banks.dw_rd)
-        wiring.connect(m, misc.bias_rd, banks.misc_bias_rd)
+        connect_conv(m, conv, banks)
+        connect_misc(m, misc, banks)
         wiring.connect(m, ctl.ifetch, wiring.flipped(self.ifetch))
 
         # ---- host registers (spec §2.7) ----
@@ -95,11 +87,12 @@ class DpuCore(wiring.Component):
             return s
 
         gie, ier, isr = reg(GIE), reg(IER), reg(ISR)
-        prof_ena, hp_bus = reg(PROF_ENA), reg(HP_BUS)
-        ia_lo, ia_hi = reg(INSTR_ADDR_LO), reg(INSTR_ADDR_HI)
-        pa_lo, pa_hi = reg(PROF_ADDR_LO), reg(PROF_ADDR_HI)
+        for a in (PROF_ENA, HP_BUS, INSTR_ADDR_HI, PROF_ADDR_LO, PROF_ADDR_HI):
+            reg(a)                                    # stored and read back; no function in this model
+        ia_lo = reg(INSTR_ADDR_LO)
         addr_lo = [reg(ADDR_BASE + 8 * k, name=f"addr{k}_lo") for k in range(8)]
-        addr_hi = [reg(ADDR_BASE + 8 * k + 4, name=f"addr{k}_hi") for k in range(8)]
+        for k in range(8):
+            reg(ADDR_BASE + 8 * k + 4, name=f"addr{k}_hi")   # the harness DDR is 32-bit
         writable = dict(regs)
         done_sticky = Signal()
         exec_cycle = Signal(p.cycle_bits)

@@ -24,6 +24,14 @@ def fields(op: str, words: Value) -> dict[str, Value]:
     return out
 
 
+def raw(op: str, words: Value, name: str) -> Value:
+    """The stored bits of field `name` of `op` (minus-one fields not incremented)."""
+    for f in FIELDS[op]:
+        if f.name == name:
+            return words[32 * f.word + f.lsb: 32 * f.word + f.lsb + f.width]
+    raise KeyError(f"{op} has no field {name!r}")
+
+
 def opcode(op: str) -> int:
     """The opcode of mnemonic `op`."""
     return BY_NAME[op].opcode

@@ -393,23 +393,38 @@ def build(target, backend: str = "verilator", ddr_bytes: int = 1 << 24, log=None
         args = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-O3", "-CFLAGS", "-O1"] if sim == "verilator" else []
         if trace and sim == "verilator":
             args.append("--trace")
-        old = dict(os.environ)
-        os.environ.update(env)
         try:
-            runner.build(sources=[d / "tb_top.v", d / "dpu_core.v"], hdl_toplevel="tb_top",
-                         build_dir=d / "obj", build_args=args, always=True, waves=trace)
-        except SystemExit as e:
+            with _Env(env):
+                runner.build(sources=[d / "tb_top.v", d / "dpu_core.v"], hdl_toplevel="tb_top",
+                             build_dir=d / "obj", build_args=args, always=True, waves=trace)
+        except (SystemExit, OSError) as e:
             raise HwError(f"cocotb build for {sim} failed ({e}); see {d / 'obj'}") from None
-        finally:
-            os.environ.clear()
-            os.environ.update(old)
     b.build_seconds = time.time() - t0
     stamp.write_text(f"{b.build_seconds:.1f}")
     return b
 
 
+class _Env:
+    """Temporarily run with the tool environment (cocotb's runner reads os.environ)."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def __enter__(self):
+        self.old = dict(os.environ)
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc):
+        os.environ.clear()
+        os.environ.update(self.old)
+        return False
+
+
 def _run(cmd, cwd, env, what):
-    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    try:
+        r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    except OSError as e:
+        raise HwError(f"{what}: cannot run {cmd[0]}: {e}") from None
     if r.returncode != 0:
         tail = "\n".join((r.stdout + r.stderr).splitlines()[-30:])
         raise HwError(f"{what} failed (exit {r.returncode}) in {cwd}:\n{tail}")
@@ -461,13 +476,14 @@ def ddr_needed(reg_sizes: dict) -> int:
 
 
 def _hex_bytes(path: Path, n: int) -> np.ndarray:
-    raw = path.read_bytes()
-    lines = [ln for ln in raw.split(b"\n") if ln and not ln.startswith((b"//", b"@"))]
-    if len(lines) != n:
-        raise HwError(f"{path}: expected {n} bytes, found {len(lines)}")
-    arr = np.frombuffer(b"".join(x.strip().rjust(2, b"0")[-2:] for x in lines), dtype="S2")
-    return np.array([int(x, 16) for x in arr.tolist()], np.uint8).view(np.int8) if n < 4096 else \
-        np.frombuffer(bytes.fromhex(b"".join(arr.tolist()).decode()), np.uint8).view(np.int8)
+    """The n bytes of a $writememh dump of an 8-bit memory (comment and address lines skipped)."""
+    words = [w for ln in path.read_bytes().splitlines() if not ln.lstrip().startswith((b"//", b"@"))
+             for w in ln.split()]
+    if len(words) != n:
+        raise HwError(f"{path}: expected {n} bytes, found {len(words)}")
+    if any(b"x" in w.lower() or b"z" in w.lower() for w in words):
+        raise HwError(f"{path}: the dump holds undefined (x/z) bytes")
+    return np.frombuffer(bytes.fromhex(b"".join(w.rjust(2, b"0") for w in words).decode()), np.uint8).view(np.int8)
 
 
 def _hex_words(path: Path, n: int) -> np.ndarray:
@@ -549,19 +565,21 @@ def _simulate(b: Build, wd: Path, timeout, plusargs):
     env = tool_env()
     args = [f"+jobs={wd / 'jobs.txt'}"] + list(plusargs)
     if b.backend == "verilator":
-        r = subprocess.run([str(b.exe)] + args, cwd=wd, env=env, capture_output=True, text=True, timeout=timeout)
+        try:
+            r = subprocess.run([str(b.exe)] + args, cwd=wd, env=env, capture_output=True, text=True,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise HwError(f"RTL simulation did not finish within {timeout} s (jobs in {wd})") from None
         if r.returncode != 0:
             raise HwError(f"RTL simulation failed (exit {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
         return
     sim = b.backend.split("-")[1]
     from cocotb_tools.runner import get_runner
     runner = get_runner(sim)
-    old = dict(os.environ)
-    os.environ.update(env)
     try:
-        runner.test(test_module=COCOTB_MODULE, hdl_toplevel="tb_top", hdl_toplevel_lang="verilog",
-                    build_dir=b.dir / "obj", test_dir=wd,
-                    plusargs=args + ["+nofinish"], extra_env={"PYTHONPATH": str(REPO)})
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+        with _Env(env):
+            runner.test(test_module=COCOTB_MODULE, hdl_toplevel="tb_top", hdl_toplevel_lang="verilog",
+                        build_dir=b.dir / "obj", test_dir=wd,
+                        plusargs=args + ["+nofinish"], extra_env={"PYTHONPATH": str(REPO)})
+    except (SystemExit, OSError) as e:
+        raise HwError(f"cocotb run on {sim} failed ({e}); see {wd}") from None

@@ -60,25 +60,17 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from isa.fields import FIELDS
 
 from . import iface
-from .decode import fields, opcode
+from .decode import fields, header, opcode, raw
 from .params import HwParams
+from .util import split_img_bank
 
 ACC_W = 46        # accumulator (|acc| <= 2^42, see the module docstring)
 KMAX = 50         # right shifts >= KMAX give 0 for |26*acc| < 2^49
 KMIN = -8         # left shifts beyond 8 saturate anyway
 RC_W = 59         # rounding constant 2^(k+7) of the shift by k+8
 V_W = 62          # acc * (256 | 26*256) + rc
-
-
-def raw(op: str, words, name: str):
-    """The stored (not incremented) bits of field `name`."""
-    for f in FIELDS[op]:
-        if f.name == name:
-            return words[32 * f.word + f.lsb: 32 * f.word + f.lsb + f.width]
-    raise KeyError(name)
 
 
 def _clamp(v, lo, hi):
@@ -126,11 +118,7 @@ class MiscEngine(wiring.Component):
     # ---- helpers --------------------------------------------------------------------------------
     def _split_bank(self, bid):
         """(group base, offset in group) of an image bank id (conv PP groups)."""
-        p = self.p
-        gb = Const(0, 6)
-        for gi in range(1, p.img_bg):
-            gb = Mux(bid >= gi * p.pp, gi * p.pp, gb)
-        return gb, (bid - gb)[:6]
+        return split_img_bank(self.p, bid)
 
     def elaborate(self, platform):
         p = self.p
@@ -139,7 +127,7 @@ class MiscEngine(wiring.Component):
         t = p.t
         ctl = self.ctl
         instr = ctl.instr
-        opc = instr[28:32]
+        opc = header(instr)["opcode"]
 
         # ================================================================ control / end timing
         maxlat = max(t.init_cycles, t.alu_latency, t.elew_latency)

@@ -67,6 +67,7 @@ class HwParams:
     acc_bits = 48               # CONV / ALU accumulators (spec §6.4 recommends >= 40)
     cycle_bits = 48             # cycle counter (EXEC_CYCLE)
     num_ddr_regs = 8            # ADDR_0..ADDR_7
+    save_rob_entries = 8        # SAVE-engine instructions in flight (SAVE units + END); overflow sets DPU_STS bit 1
 
     @property
     def ddr_wr_bytes(self) -> int:

@@ -333,7 +333,7 @@ def cmd_cosim(a) -> int:
                 t = want
             t = t.with_timing(**tm) if tm else t
             xs = [rng.integers(-128, 128, size=s.dims, dtype=np.int8) for s in dsg.inputs]
-            instrs, sizes, init = subgraph_program(dsg, xs, t)
+            instrs, sizes, init = subgraph_program(dsg, xs)
             groups.append((t, [(sg.name, instrs, sizes, init)]))
         if not groups:
             raise CliError(f"{a.model} has no DPU subgraph" + (f" named {a.subgraph!r}" if a.subgraph else ""))

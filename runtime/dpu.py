@@ -12,7 +12,6 @@ import numpy as np
 
 from compiler.xir.graph import Graph, Op, Subgraph, Tensor, XModelError
 from isa.program import IsaError, ProgramArrays, decode, to_arrays
-from isa.fields import BY_NAME
 from isa.target import Target, TargetError
 
 
@@ -263,14 +262,15 @@ class DpuSubgraph:
         """Execute mc_code on the RTL of the core (hw/, Verilator by default; OPENDPU_RTL_SIM picks the
         simulator). Returns (outputs, hw.harness.RtlResult)."""
         import os
-        from hw.harness import Job, build, ddr_needed, run_jobs
-        from sim.cosim import subgraph_program
+        from hw.harness import build, ddr_needed, run_jobs
+        from sim.cosim import through_end, rtl_job, subgraph_program
+        from sim.timing import simulate
         t = target or self.target
-        instrs, sizes, init = subgraph_program(self, inputs, t)
-        n = next((k + 1 for k, ins in enumerate(instrs) if ins.op == "END"), len(instrs))
-        code = self.mc_code[:4 * sum(BY_NAME[ins.op].words for ins in instrs[:n])]
+        instrs, sizes, init = subgraph_program(self, inputs)
+        instrs = through_end(instrs)
+        sched = simulate(to_arrays(instrs), t)          # timing only: bounds the run, reports deadlocks
         b = build(t, backend or os.environ.get("OPENDPU_RTL_SIM", "verilator"), ddr_bytes=ddr_needed(sizes))
-        res = run_jobs(b, [Job(code, sizes, init, ninstr=n, name=self.name)])[0]
+        res = run_jobs(b, [rtl_job(self.name, instrs, sizes, init, sched)])[0]
         if res.status != "done":
             raise RuntimeErrorDPU(f"subgraph {self.name!r}: the RTL did not finish within {res.waited} cycles "
                                   f"(DPU_STS={res.sts:#x})")

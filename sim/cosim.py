@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from isa.fields import ENGINE_NAMES, FIELD_INDEX, OPS
+from isa.fields import ENGINE_NAMES, OPS
 from isa.program import encode, to_arrays
-from isa.target import Target, get_target
+from isa.target import Target, TargetError, get_target
 
 from .executor import DpuMachine
 from .timing import simulate
@@ -130,11 +130,28 @@ def _savers(instrs, reg, addr):
     return out
 
 
-def _through_end(instrs):
+def through_end(instrs):
     for k, ins in enumerate(instrs):
         if ins.op == "END":
             return instrs[:k + 1]
     return list(instrs)
+
+
+def initial_machine(target, sizes, init) -> DpuMachine:
+    """A zero-bank DpuMachine with registers `sizes` and the initial DDR images `init` written."""
+    m = DpuMachine(target, dict(sizes), init_fill="zero")
+    for r, d in init.items():
+        m.write_ddr(r, 0, np.asarray(d, np.int8))
+    return m
+
+
+def rtl_job(name, instrs, sizes, init, sched, max_cycles: int | None = None):
+    """The hw.harness.Job of a program that ends with its first END; the cycle bound comes from its
+    schedule (twice the cycle model's total plus slack), so a broken RTL cannot hang the run."""
+    from hw.harness import Job
+    bound = int(sched.total_cycles) * 2 + 10_000 if max_cycles is None else max_cycles
+    return Job(encode(instrs), dict(sizes), {r: np.asarray(d, np.int8) for r, d in init.items()},
+               ninstr=len(sched), max_cycles=bound, name=name)
 
 
 def cosim_programs(target, programs, backend: str = "verilator", log=None, timeout=None) -> list[CosimReport]:
@@ -145,25 +162,22 @@ def cosim_programs(target, programs, backend: str = "verilator", log=None, timeo
     core's registers but not its memories), so the model of program k starts from the banks that
     program k-1 left; the first program starts from zero banks in both.
     """
-    from hw.harness import Job, build, ddr_needed, run_jobs
+    from hw.harness import build, ddr_needed, run_jobs
     t = get_target(target) if not isinstance(target, Target) else target
     prepared = []
     jobs = []
     need = 1 << 20
     banks = None
     for name, instrs, sizes, init in programs:
-        instrs = _through_end(instrs)
-        m = DpuMachine(t, dict(sizes), init_fill="zero")
+        instrs = through_end(instrs)
+        m = initial_machine(t, sizes, init)
         if banks is not None:
             m.banks[...] = banks
-        for r, d in init.items():
-            m.write_ddr(r, 0, np.asarray(d, np.int8))
         t0 = time.time()
         sched = simulate(to_arrays(instrs), t, machine=m)
         banks = m.banks.copy()
         prepared.append((name, instrs, sched, m, time.time() - t0))
-        jobs.append(Job(encode(instrs), dict(sizes), {r: np.asarray(d, np.int8) for r, d in init.items()},
-                        ninstr=len(sched), max_cycles=int(sched.total_cycles) * 2 + 10_000, name=name))
+        jobs.append(rtl_job(name, instrs, sizes, init, sched))
         need = max(need, ddr_needed(sizes))
     b = build(t, backend, ddr_bytes=need, log=log)
     results = run_jobs(b, jobs, timeout=timeout)
@@ -176,11 +190,9 @@ def cosim_programs(target, programs, backend: str = "verilator", log=None, timeo
     return reps
 
 
-def subgraph_program(dsg, inputs, target=None):
+def subgraph_program(dsg, inputs):
     """(instructions, reg_sizes, initial DDR images) of a DPU subgraph with `inputs` written."""
-    t = target or dsg.target
-    m = DpuMachine(t, dict(dsg.reg_sizes), init_fill="zero")
-    dsg.load_params(m)
+    m = dsg.new_machine(init_fill="zero")
     dsg.write_inputs(m, dsg.check_inputs(inputs))
     init = {r: m.ddr(r).copy() for r in dsg.reg_sizes}
     return list(dsg.instructions), dict(dsg.reg_sizes), init
@@ -189,19 +201,20 @@ def subgraph_program(dsg, inputs, target=None):
 def check_target_matches(program_target: Target, target: Target, where: str) -> None:
     a, b = program_target, target
     if (a.pp, a.cp, a.alu_pp, a.bank_depth, a.img_bg) != (b.pp, b.cp, b.alu_pp, b.bank_depth, b.img_bg):
-        raise ValueError(f"{where} was compiled for {a.name or a.describe()}; it cannot run on "
+        raise TargetError(f"{where} was compiled for {a.name or a.describe()}; it cannot run on "
                          f"{b.name or b.describe()} (different bank layout)")
 
 
-__all__ = ["CosimReport", "Mismatch", "compare", "cosim_programs", "subgraph_program", "check_target_matches"]
+__all__ = ["CosimReport", "Mismatch", "compare", "cosim_programs", "rtl_job", "subgraph_program",
+           "check_target_matches", "dump_waves"]
 
 
 def dump_waves(target, program, rep: CosimReport, out_dir="waveforms", backend="verilator", margin=200) -> str:
     """Re-run one program with VCD tracing around the first divergence; returns the VCD path."""
     from pathlib import Path
-    from hw.harness import Job, build, ddr_needed, run_jobs
+    from hw.harness import build, ddr_needed, run_jobs
     name, instrs, sizes, init = program
-    instrs = _through_end(instrs)
+    instrs = through_end(instrs)
     first = rep.first
     c = first.cycle if first and first.cycle is not None else max(rep.model_cycles - margin, 0)
     lo, hi = max(0, c - margin), c + margin
@@ -209,10 +222,8 @@ def dump_waves(target, program, rep: CosimReport, out_dir="waveforms", backend="
     out.mkdir(parents=True, exist_ok=True)
     stem = "".join(ch if ch.isalnum() else "_" for ch in name)[:60]
     vcd = (out / f"cosim_{stem}.vcd").resolve()
-    b = build(target, backend if backend != "cocotb-icarus" else "cocotb-icarus", ddr_bytes=ddr_needed(sizes),
-              trace=True)
-    job = Job(encode(instrs), dict(sizes), {r: np.asarray(d, np.int8) for r, d in init.items()},
-              ninstr=len(instrs), max_cycles=hi + 10, name=name)
+    b = build(target, backend, ddr_bytes=ddr_needed(sizes), trace=True)
+    job = rtl_job(name, instrs, sizes, init, simulate(to_arrays(instrs), target), max_cycles=hi + 10)
     run_jobs(b, [job], plusargs=[f"+vcd={vcd}", f"+vcd_from={lo}", f"+vcd_to={hi}"])
     sigs = ["tb_top.dut.cyc", "tb_top.dut.tr_start_v", "tb_top.dut.tr_end_v", "tb_top.dut.tr_ret_v",
             "tb_top.ddr_rd__en", "tb_top.ddr_rd__addr", "tb_top.ap_done"]

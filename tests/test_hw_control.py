@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from isa.program import encode
-from isa.target import Target, get_target
+from isa.target import Target
 from sim.progen import random_program
 from sim.timing import simulate
 
@@ -24,7 +24,6 @@ from hw.simutil import run_sim
 def run_control(target, instrs):
     p = HwParams.of(target)
     sched = simulate(instrs, target)
-    n = len(sched)
     words = np.frombuffer(encode(instrs), "<u4")
     dut = Control(p)
     res = {"start": {}, "ret": {}, "end": {}, "total": None}

@@ -14,16 +14,17 @@ os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
 import numpy as np
 import pytest
 from amaranth.hdl import Elaboratable, Module
-from amaranth.lib import wiring
 
 from isa.program import Instruction, to_arrays
 from isa.target import Target, get_target
 from sim.executor import DpuMachine
 
-from hw.banks import BankArray
+from hw.banks import BankArray, connect_conv
 from hw.conv import ConvEngine
 from hw.params import HwParams
 from hw.simutil import run_sim
+
+from helpers import instr_value
 
 
 class ConvTop(Elaboratable):
@@ -36,17 +37,8 @@ class ConvTop(Elaboratable):
         m = Module()
         m.submodules.eng = self.eng
         m.submodules.banks = self.banks
-        e, b = self.eng, self.banks
-        for h in range(self.p.pp):
-            wiring.connect(m, e.img_rd[h], b.conv_rd[h])
-            wiring.connect(m, e.img_wr[h], b.conv_wr[h])
-        wiring.connect(m, e.w_rd, b.convw_rd)
-        wiring.connect(m, e.bias_rd, b.conv_bias_rd)
+        connect_conv(m, self.eng, self.banks)
         return m
-
-
-def instr_value(ins: Instruction) -> int:
-    return sum(w << (32 * k) for k, w in enumerate(ins.words()))
 
 
 def hand_cost(t: Target, ins: Instruction, init: dict) -> int:

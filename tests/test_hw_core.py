@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from isa.target import PRESETS, Target, get_target
-from sim.cosim import cosim_programs
+from sim.cosim import cosim_programs, initial_machine
 from sim.progen import random_program
 
 SMALL = Target.parametric(pp=2, cp=4, alu_pp=2, bank_depth=256)
@@ -60,19 +60,16 @@ def test_random_programs_other_timing():
 def test_mismatch_names_first_diverging_instruction():
     """A model with a different DDR latency than the RTL: the report names the first LOAD that ends later."""
     progs = _programs(SMALL, [7])
-    from hw.harness import Job, build, ddr_needed, run_jobs
-    from isa.program import encode, to_arrays
-    from sim.cosim import compare, _through_end
-    from sim.executor import DpuMachine
+    from hw.harness import build, ddr_needed, run_jobs
+    from isa.program import to_arrays
+    from sim.cosim import compare, rtl_job, through_end
     from sim.timing import simulate
     name, instrs, sizes, init = progs[0]
-    instrs = _through_end(instrs)
+    instrs = through_end(instrs)
     b = build(SMALL, ddr_bytes=ddr_needed(sizes))
-    res = run_jobs(b, [Job(encode(instrs), sizes, init, ninstr=len(instrs))])[0]
+    res = run_jobs(b, [rtl_job(name, instrs, sizes, init, simulate(to_arrays(instrs), SMALL))])[0]
     other = SMALL.with_timing(ddr_latency=SMALL.timing.ddr_latency + 1)
-    m = DpuMachine(other, dict(sizes), init_fill="zero")
-    for r, d in init.items():
-        m.write_ddr(r, 0, d)
+    m = initial_machine(other, sizes, init)
     sched = simulate(to_arrays(instrs), other, machine=m)
     rep = compare(name, other, instrs, sched, m, res)
     assert not rep.ok
@@ -87,21 +84,16 @@ def test_mismatch_names_first_diverging_instruction():
     # a corrupted DDR byte is reported with the SAVE that wrote it
     sv = next(k for k, i in enumerate(instrs) if i.op == "SAVE")
     reg, off = instrs[sv].fields["reg_id"], instrs[sv].fields["ddr_addr"]
-    m_ok = _machine(SMALL, sizes, init)
+    m_ok = initial_machine(SMALL, sizes, init)
     sched_ok = simulate(to_arrays(instrs), SMALL, machine=m_ok)
     res.ddr[reg][off] ^= 1
     rep2 = compare(name, SMALL, instrs, sched_ok, m_ok, res)
     assert [mm.kind for mm in rep2.mismatches] == ["ddr"], rep2.summary()
     assert f"REG_{reg}" in rep2.first.message and f"offset {off:#x}" in rep2.first.message
-    assert sv in eval(rep2.first.message.split("instruction(s) ")[1].rstrip(")"))
-
-
-def _machine(t, sizes, init):
-    from sim.executor import DpuMachine
-    m = DpuMachine(t, dict(sizes), init_fill="zero")
-    for r, d in init.items():
-        m.write_ddr(r, 0, d)
-    return m
+    k = rep2.first.instruction           # the last SAVE whose DDR range covers the byte
+    f = instrs[k].fields
+    assert instrs[k].op == "SAVE" and f["reg_id"] == reg and k >= sv
+    assert f["ddr_addr"] <= off < f["ddr_addr"] + (f["length"] - 1) * f["jump_write"] + f["channel"]
 
 
 def test_mnist_on_b4096_rtl(mnist_path):
@@ -177,3 +169,14 @@ def test_yolox_nano_b512_whole_on_rtl():
     print(f"YOLOX-nano B512 on RTL: {sum(r.rtl_cycles for r in reps)} cycles, {time.time() - t0:.1f} s wall")
     _assert_all_match(reps)
     assert sum(r.instructions for r in reps) > 20000
+
+
+def test_cosim_cli_bad_input(mnist_path, capsys):
+    """Bad requests give one clear line and exit code 2, before any build."""
+    from runtime.cli import main
+    assert main(["cosim", mnist_path, "--target", "DPUCZDX8G_ISA1_B512"]) == 2
+    assert "compiled for DPUCZDX8G_ISA1_B4096" in capsys.readouterr().err
+    assert main(["cosim", "--random", "3"]) == 2
+    assert "--random needs --target" in capsys.readouterr().err
+    assert main(["cosim", mnist_path, "--timing", "conv_latency=2"]) == 2
+    assert "conv_latency = 2 is below the RTL pipeline depth" in capsys.readouterr().err

@@ -12,13 +12,13 @@ import time
 import numpy as np
 import pytest
 from amaranth.hdl import Elaboratable, Module
-from amaranth.lib import wiring
 
-from hw.banks import BankArray
+from hw.banks import BankArray, connect_load, connect_save
 from hw.loadsave import LoadEngine, SaveUnit
 from hw.params import HwError, HwParams
 from hw.simutil import run_sim
-from isa.fields import FIELDS
+
+from helpers import ins, instr_value
 from isa.program import Instruction, to_arrays
 from isa.target import Target
 from sim import DpuMachine, ExecError
@@ -79,18 +79,6 @@ def test_reference_cost_hand_example():
 
 
 # ---- instructions ----------------------------------------------------------------------------------
-def ins(op: str, **kw) -> Instruction:
-    fl = {f.name: (1 if f.minus_one else 0) for f in FIELDS[op]}
-    for k, v in kw.items():
-        assert k in fl, f"{op} has no field {k}"
-        fl[k] = int(v)
-    return Instruction(op, 0, 0, fl)
-
-
-def instr_value(i: Instruction) -> int:
-    return sum(w << (32 * n) for n, w in enumerate(i.words()))
-
-
 def rand_load(rng, t: Target, regs: dict, kind: str) -> Instruction:
     W = t.bank_width
     reg = int(rng.choice(list(regs)))
@@ -161,8 +149,8 @@ class Top(Elaboratable):
         m.submodules.ld = self.ld
         m.submodules.sv = self.sv
         m.submodules.banks = self.banks
-        wiring.connect(m, self.ld.bank_wr, self.banks.load_wr)
-        wiring.connect(m, self.sv.bank_rd, self.banks.save_rd[self.p.ddr_ports - 1])
+        connect_load(m, self.ld, self.banks)
+        connect_save(m, self.sv, self.banks, self.p.ddr_ports - 1)
         return m
 
 

@@ -17,17 +17,17 @@ os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
 import numpy as np
 import pytest
 from amaranth.hdl import Elaboratable, Module
-from amaranth.lib import wiring
 
-from isa.fields import FIELDS
 from isa.program import Instruction, to_arrays
 from isa.target import Target, get_target
 from sim.executor import DpuMachine, ExecError
 
-from hw.banks import BankArray
+from hw.banks import BankArray, connect_misc
 from hw.misc import MiscEngine
 from hw.params import HwParams
 from hw.simutil import run_sim
+
+from helpers import ins, instr_value
 
 
 class MiscTop(Elaboratable):
@@ -40,26 +40,8 @@ class MiscTop(Elaboratable):
         m = Module()
         m.submodules.eng = self.eng
         m.submodules.banks = self.banks
-        e, b = self.eng, self.banks
-        for h in range(self.p.alu_pp):
-            wiring.connect(m, e.img_rd[h], b.misc_rd[h])
-            wiring.connect(m, e.img_wr[h], b.misc_wr[h])
-        wiring.connect(m, e.dw_rd, b.dw_rd)
-        wiring.connect(m, e.bias_rd, b.misc_bias_rd)
+        connect_misc(m, self.eng, self.banks)
         return m
-
-
-def ins(op: str, **kw) -> Instruction:
-    """An instruction with every field at its smallest legal value, overridden by kw."""
-    fl = {f.name: (1 if f.minus_one else 0) for f in FIELDS[op]}
-    for k, v in kw.items():
-        assert k in fl, f"{op} has no field {k}"
-        fl[k] = int(v)
-    return Instruction(op, 0, 0, fl)
-
-
-def instr_value(i: Instruction) -> int:
-    return sum(w << (32 * k) for k, w in enumerate(i.words()))
 
 
 def hand_costs(t: Target, prog: list[Instruction]) -> list[int]:

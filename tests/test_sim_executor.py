@@ -8,9 +8,10 @@ import sys
 import numpy as np
 import pytest
 
-from isa.fields import FIELDS
 from isa.program import OP_INDEX, Instruction, decode_arrays, to_arrays
 from isa.target import Target
+
+from helpers import ins
 from sim import DpuMachine, ExecError
 
 MODELS = os.environ.get("OPENDPU_MODELS",
@@ -21,13 +22,7 @@ if not os.path.exists(MNIST):
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
-def ins(op: str, **kw) -> Instruction:
-    """An instruction with every field at its smallest legal value, overridden by kw."""
-    fl = {f.name: (1 if f.minus_one else 0) for f in FIELDS[op]}
-    for k, v in kw.items():
-        assert k in fl, f"{op} has no field {k}"
-        fl[k] = int(v)
-    return Instruction(op, 0, 0, fl)
+
 
 
 def prog(*instrs: Instruction):
