@@ -427,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--instructions", type=int, default=60, help="instructions per random program")
     cs.add_argument("--seed", type=int, default=0, help="input / program seed (reproducible)")
     cs.add_argument("--rtl-sim", default="verilator", choices=("verilator", "cocotb-verilator", "cocotb-icarus"),
-                    help="RTL simulator flow (default verilator)")
+                    help="RTL simulator flow (default verilator; cocotb-icarus is ~46x slower; cocotb-verilator builds very slowly, docs/rtl.md)")
     cs.add_argument("--waves", metavar="DIR", nargs="?", const="waveforms",
                     help="on a mismatch, dump a VCD window around the first divergence into DIR (default waveforms/)")
     cs.set_defaults(fn=cmd_cosim)

@@ -144,12 +144,6 @@ def test_cocotb_icarus_flow():
 
 
 @pytest.mark.slow
-def test_cocotb_verilator_flow():
-    reps = cosim_programs(SMALL, _programs(SMALL, range(5), n=25), backend="cocotb-verilator")
-    _assert_all_match(reps)
-
-
-@pytest.mark.slow
 def test_yolox_nano_b512_whole_on_rtl():
     """YOLOX-nano compiled for B512, every DPU subgraph on the B512 RTL: bit- and cycle-exact."""
     import time
