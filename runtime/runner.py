@@ -185,8 +185,21 @@ class GraphRunner:
 
     def __init__(self, graph: Graph, backend: str = "sim", target=None, seed: int = 0, timing: dict | None = None):
         self.graph, self.backend = graph, backend
-        self.order = graph.toposort_child_subgraphs()
         self.runners: dict[str, Runner] = {}
+        self.flat = not graph.root.children
+        if self.flat:
+            # an uncompiled (quantized) xmodel, as vai_q exports it: every op runs on the XIR reference
+            if backend != "ref":
+                raise RuntimeErrorDPU(f"graph {graph.name!r} is not compiled (no DPU subgraphs); run it with "
+                                      f"backend 'ref' or compile it first")
+            self.order = []
+            self.ops = graph.toposort()
+            self.user_ops = [n for n in self.ops if graph.ops[n].type in ("data", "data-fix")]
+            self._inputs = [tensor_spec(graph.ops[n].output, n) for n in self.user_ops]
+            self._outputs = [tensor_spec(op.output, op.name) for op in graph.ops.values()
+                             if not graph.consumers(op.name) and op.type not in ("const", "const-fix")]
+            return
+        self.order = graph.toposort_child_subgraphs()
         for sg in self.order:
             if sg.device == "DPU":
                 self.runners[sg.name] = Runner(sg, backend, target=target, graph=graph, seed=seed, timing=timing)
@@ -244,6 +257,12 @@ class GraphRunner:
         for spec, x in zip(self._inputs, inputs):
             vals[spec.op_name] = self.prepare_input(spec, x)
         res = GraphResult({})
+        if self.flat:
+            self._run_flat(vals, res, layers)
+            res.outputs = {s.name: vals[s.op_name] for s in self._outputs}
+            if keep_values:
+                res.values = vals
+            return res
         for sg in self.order:
             if sg.device == "USER":
                 continue
@@ -262,3 +281,25 @@ class GraphRunner:
         if keep_values:
             res.values = vals
         return res
+
+    def _run_flat(self, vals: dict, res: GraphResult, layers: bool) -> None:
+        g = self.graph
+        for n in self.ops:
+            if n in vals:
+                continue
+            op = g.ops[n]
+            if op.type in ("const-fix", "const"):
+                vals[n] = _const_value(op)
+            else:
+                vals[n] = evaluate_op(g, op, [vals[p] for p in op.input_ops()])
+        if layers:
+            res.layers["root"] = {n: v for n, v in vals.items()
+                                  if g.ops[n].type not in ("const-fix", "const")}
+
+
+def _const_value(op) -> np.ndarray:
+    """The data of a const / const-fix op (quantized xmodels carry it in the `data` attribute)."""
+    data = op.attrs.get("data")
+    if not data:
+        raise RuntimeErrorDPU(f"const op {op.name!r} carries no data")
+    return np.frombuffer(bytes(data), dtype=op.output.numpy_dtype).reshape(op.output.shape)

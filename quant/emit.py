@@ -1,0 +1,254 @@
+"""ONNX views of a prepared graph: the float model (calibration), the QDQ export (QuantizeLinear/DequantizeLinear,
+power-of-two scales, zero point 0) and the DPU fake-quant model (round half up, the DPU's avg-pool and
+hard-sigmoid constants) that produces the golden dumps and the accuracy estimates."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler.ref.ops import avg_pool_factor
+from quant.prepare import Prepared, QNode
+
+HSIG_A = 2731 / 16384          # the DPU's 1/6 (spec §7.6)
+OPSET = 17
+
+
+@dataclass
+class QParams:
+    """Fix points and integer constants of a quantized graph (ONNX layouts)."""
+    act_fp: dict[str, int] = field(default_factory=dict)    # QNode name -> output fix point
+    w_fp: dict[str, int] = field(default_factory=dict)
+    b_fp: dict[str, int] = field(default_factory=dict)
+    w_q: dict[str, np.ndarray] = field(default_factory=dict)
+    b_q: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def avg_geometry(n: QNode) -> tuple[int, int, int, int]:
+    """(kh, kw, N, M) of an average pool: window and the DPU's divisor approximation N/2^M."""
+    kh, kw = n.attrs["kernel"]
+    N, M = avg_pool_factor(int(kh), int(kw))
+    return kh, kw, N, M
+
+
+def ceil_extra_pads(n: QNode, in_shape) -> list[int]:
+    """Pads [t, l, b, r] that make a floor-mode window produce the node's (ceil-mode) output size."""
+    kh, kw = n.attrs["kernel"]
+    sh, sw = n.attrs["strides"]
+    t, l, b, r = n.attrs["pads"]
+    oh, ow = n.shape[2], n.shape[3]
+    need_h = (oh - 1) * sh + kh - (in_shape[2] + t + b)
+    need_w = (ow - 1) * sw + kw - (in_shape[3] + l + r)
+    return [t, l, b + max(0, need_h), r + max(0, need_w)]
+
+
+class _Emitter:
+    def __init__(self, prep: Prepared, mode: str, qp: QParams | None, all_outputs: bool, batch):
+        from onnx import helper
+        self.h = helper
+        self.prep, self.mode, self.qp = prep, mode, qp
+        self.all_outputs = all_outputs
+        self.batch = batch
+        self.nodes, self.inits = [], []
+        self.k = 0
+        self._consts: dict = {}
+        self.shapes = {n.name: n.shape for n in prep.nodes}
+
+    def uid(self, base: str) -> str:
+        self.k += 1
+        return f"{base}__{self.k}"
+
+    def const(self, arr: np.ndarray, base: str) -> str:
+        from onnx import numpy_helper
+        arr = np.asarray(arr)
+        key = (arr.dtype.str, arr.shape, arr.tobytes()) if arr.size <= 16 else None
+        if key is not None and key in self._consts:
+            return self._consts[key]
+        name = self.uid(base)
+        self.inits.append(numpy_helper.from_array(arr, name))
+        if key is not None:
+            self._consts[key] = name
+        return name
+
+    def node(self, op: str, ins: list[str], out: str | None = None, name: str | None = None, **attrs) -> str:
+        out = out or self.uid(op)
+        self.nodes.append(self.h.make_node(op, ins, [out], name=name or self.uid(op + "_n"), **attrs))
+        return out
+
+    def quantize(self, t: str, fp: int, out: str) -> str:
+        """The activation quantizer: QDQ (half to even) or the DPU's floor(x·2^fp + 0.5) saturated."""
+        if self.mode == "qdq":
+            s = self.const(np.array(2.0 ** -fp, np.float32), f"scale_fp{fp}")
+            z = self.const(np.array(0, np.int8), "zero_point")
+            q = self.node("QuantizeLinear", [t, s, z], name=out + "_QuantizeLinear")
+            return self.node("DequantizeLinear", [q, s, z], out, name=out + "_DequantizeLinear")
+        up = self.const(np.array(2.0 ** fp, np.float32), f"pow2_{fp}")
+        dn = self.const(np.array(2.0 ** -fp, np.float32), f"pow2_{-fp}")
+        half = self.const(np.array(0.5, np.float32), "half")
+        lo = self.const(np.array(-128, np.float32), "qmin")
+        hi = self.const(np.array(127, np.float32), "qmax")
+        v = self.node("Mul", [t, up])
+        v = self.node("Add", [v, half])
+        v = self.node("Floor", [v])
+        v = self.node("Clip", [v, lo, hi])
+        return self.node("Mul", [v, dn], out, name=out + "_dpu_fix")
+
+    def weights(self, n: QNode, which: str) -> str:
+        qp = self.qp
+        if self.mode == "float":
+            arr = n.weight if which == "w" else n.bias
+            return self.const(arr.astype(np.float32), f"{n.name}.{which}")
+        q = (qp.w_q if which == "w" else qp.b_q)[n.name]
+        fp = (qp.w_fp if which == "w" else qp.b_fp)[n.name]
+        if self.mode == "qdq":
+            qi = self.const(q.astype(np.int8), f"{n.name}.{'weight' if which == 'w' else 'bias'}_quant")
+            s = self.const(np.array(2.0 ** -fp, np.float32), f"scale_fp{fp}")
+            z = self.const(np.array(0, np.int8), "zero_point")
+            return self.node("DequantizeLinear", [qi, s, z], f"{n.name}.{'weight' if which == 'w' else 'bias'}")
+        return self.const((q.astype(np.float64) * 2.0 ** -fp).astype(np.float32), f"{n.name}.{which}")
+
+    def act(self, n: QNode, t: str, out: str) -> str:
+        if n.act == "NONE":
+            return t
+        if n.act == "RELU":
+            return self.node("Relu", [t], out)
+        if n.act == "RELU6":
+            lo = self.const(np.array(0, np.float32), "zero")
+            hi = self.const(np.array(6, np.float32), "six")
+            return self.node("Clip", [t, lo, hi], out)
+        if n.act == "LEAKYRELU":
+            return self.node("LeakyRelu", [t], out, alpha=float(n.attrs.get("alpha") or 26 / 256))
+        raise ValueError(f"op {n.name}: unknown activation {n.act}")
+
+    def emit_node(self, n: QNode, ins: list[str]) -> str:
+        raw = n.name if (self.mode == "float" or n.name not in self.qp.act_fp) else n.name + "__raw"
+        k = n.kind
+        if k in ("conv", "dwconv"):
+            a = n.attrs
+            C = n.weight.shape[0]
+            pre = raw if n.act == "NONE" else self.uid(n.name + "_conv")
+            self.node("Conv", [ins[0], self.weights(n, "w"), self.weights(n, "b")], pre, name=n.name,
+                      kernel_shape=list(a["kernel"]), strides=list(a["strides"]), pads=list(a["pads"]),
+                      dilations=list(a["dilations"]), group=(C if k == "dwconv" else 1))
+            return self.act(n, pre, raw)
+        if k == "tconv":
+            a = n.attrs
+            pre = raw if n.act == "NONE" else self.uid(n.name + "_conv")
+            self.node("ConvTranspose", [ins[0], self.weights(n, "w"), self.weights(n, "b")], pre, name=n.name,
+                      kernel_shape=list(a["kernel"]), strides=list(a["strides"]), pads=list(a["pads"]),
+                      dilations=list(a["dilations"]), output_padding=list(a.get("output_padding", [0, 0])))
+            return self.act(n, pre, raw)
+        if k == "pool":
+            a = n.attrs
+            src_shape = self.shapes[n.inputs[0]]
+            if a["type"] == "MAX":
+                if a.get("global"):
+                    return self.node("GlobalMaxPool", ins, raw, name=n.name)
+                return self.node("MaxPool", ins, raw, name=n.name, kernel_shape=list(a["kernel"]),
+                                 strides=list(a["strides"]), pads=ceil_extra_pads(n, src_shape))
+            if self.mode == "float":
+                if a.get("global"):
+                    return self.node("GlobalAveragePool", ins, raw, name=n.name)
+                return self.node("AveragePool", ins, raw, name=n.name, kernel_shape=list(a["kernel"]),
+                                 strides=list(a["strides"]), pads=list(a["pads"]),
+                                 count_include_pad=int(a.get("count_include_pad", 1)),
+                                 ceil_mode=int(a.get("ceil_mode", 0)))
+            # the DPU's average: window sum times N/2^M (ALU multi_factor N; spec §7.4), as a depthwise conv
+            kh, kw, N, M = avg_geometry(n)
+            C = src_shape[1]
+            w = np.full((C, 1, kh, kw), N / 2.0 ** M, np.float32)
+            pads = [0, 0, 0, 0] if a.get("global") else ceil_extra_pads(n, src_shape)
+            return self.node("Conv", [ins[0], self.const(w, n.name + ".avg_factor")], raw, name=n.name,
+                             kernel_shape=[kh, kw], strides=list(a["strides"]), pads=pads, group=C)
+        if k in ("eltwise", "act"):
+            if k == "act":
+                return self.act(n, ins[0], raw) if n.act != "NONE" else self.node("Identity", ins, raw)
+            op = "Add" if n.attrs["type"] == "ADD" else "Mul"
+            t = ins[0]
+            for j, other in enumerate(ins[1:]):
+                last = j == len(ins) - 2
+                t = self.node(op, [t, other], raw if (last and n.act == "NONE") else None,
+                              name=n.name if last else None)
+            return self.act(n, t, raw)
+        if k == "concat":
+            return self.node("Concat", ins, raw, name=n.name, axis=int(n.attrs["axis"]))
+        if k == "upsample":
+            sh, sw = n.attrs["scales"]
+            sc = self.const(np.array([1, 1, sh, sw], np.float32), n.name + ".scales")
+            return self.node("Resize", [ins[0], "", sc], raw, name=n.name, mode="nearest",
+                             coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+        if k == "hsigmoid":
+            if self.mode == "float":
+                return self.node("HardSigmoid", ins, raw, name=n.name, alpha=1 / 6, beta=0.5)
+            return self.node("HardSigmoid", ins, raw, name=n.name, alpha=HSIG_A, beta=3 * HSIG_A)
+        if k == "reshape":
+            shp = list(n.attrs["shape"])
+            if self.batch != 1 and shp and shp[0] == 1:
+                shp[0] = -1
+            return self.node("Reshape", [ins[0], self.const(np.array(shp, np.int64), n.name + ".shape")], raw,
+                             name=n.name)
+        if k == "float":
+            return self.node(n.attrs["op_type"], ins, raw, name=n.name, **n.attrs.get("onnx_attrs", {}))
+        raise ValueError(f"op {n.name}: cannot emit kind {k}")
+
+    def build(self):
+        from onnx import TensorProto
+        h = self.h
+        prep = self.prep
+        inputs = []
+        dims0 = "N" if self.batch != 1 else 1
+        quant = self.mode != "float"
+        self.tname = {}
+        for n in prep.input_nodes:
+            inputs.append(h.make_tensor_value_info(n.name, TensorProto.FLOAT, [dims0] + list(n.shape[1:])))
+        for n in prep.nodes:
+            if n.kind == "input":
+                self.tname[n.name] = self.quantize(n.name, self.qp.act_fp[n.name], n.name + "_fix") if quant \
+                    else n.name
+                continue
+            out = self.emit_node(n, [self.tname[i] for i in n.inputs])
+            if quant and n.name in self.qp.act_fp:
+                out = self.quantize(out, self.qp.act_fp[n.name], n.name)
+            self.tname[n.name] = out
+        outs, seen = [], set()
+        for o in prep.outputs:
+            if self.tname[o] not in seen:
+                outs.append(h.make_tensor_value_info(self.tname[o], TensorProto.FLOAT, None))
+                seen.add(self.tname[o])
+        if self.all_outputs:
+            for n in prep.nodes:
+                t = self.tname[n.name]
+                if t not in seen and n.kind != "input" or (n.kind == "input" and quant and t not in seen):
+                    outs.append(h.make_tensor_value_info(t, TensorProto.FLOAT, None))
+                    seen.add(t)
+        g = h.make_graph(self.nodes, prep.name, inputs, outs, self.inits)
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", OPSET)], producer_name="opendpu.quant")
+        m.ir_version = 8
+        return m
+
+
+def emit_onnx(prep: Prepared, mode: str = "float", qp: QParams | None = None, all_outputs: bool = False,
+              batch="N"):
+    """mode 'float' (prepared float model), 'qdq' (QuantizeLinear/DequantizeLinear) or 'dpu' (DPU fake quant).
+    Graph outputs: the model outputs (named by their QNodes), plus every op output if `all_outputs`."""
+    if mode not in ("float", "qdq", "dpu"):
+        raise ValueError(f"unknown ONNX emission mode {mode!r}")
+    if mode != "float" and qp is None:
+        raise ValueError(f"mode {mode!r} needs quantization parameters")
+    return _Emitter(prep, mode, qp, all_outputs, batch).build()
+
+
+def value_name(prep: Prepared, name: str, mode: str) -> str:
+    """The ONNX tensor that holds QNode `name`'s output in an emitted model (inputs get '_fix' when quantized)."""
+    n = prep.node(name)
+    return name + "_fix" if (n.kind == "input" and mode != "float") else name
+
+
+def session(model, threads: int | None = None):
+    """An onnxruntime session for an in-memory model (graph optimisations on, CPU)."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])

@@ -1,0 +1,109 @@
+"""Inspector (vai_q Inspector): every op of a float model placed on the DPU or the CPU with the exact reason,
+using the compiler's shared rule set (`compiler.rules`) on the prepared graph."""
+from __future__ import annotations
+
+import os
+
+from quant.onnx_in import QuantError, load_onnx, to_fgraph
+from quant.prepare import Prepared, prepare
+from quant.xir_out import nhwc
+
+_XIR_TYPE = {"input": "data", "conv": "conv2d", "dwconv": "depthwise-conv2d", "tconv": "transposed-conv2d",
+             "pool": "pool", "eltwise": "eltwise", "concat": "concat", "upsample": "upsample",
+             "hsigmoid": "hard-sigmoid", "reshape": "reshape"}
+_ACT_TYPE = {"RELU": "relu", "RELU6": "relu6", "LEAKYRELU": "leaky-relu", "NONE": "identity"}
+_NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}
+
+
+def op_descs(prep: Prepared) -> list:
+    """The prepared ops as `compiler.rules.OpDesc` (XIR types and attribute names, NHWC shapes)."""
+    from compiler.rules import OpDesc
+    shapes = {n.name: n.shape for n in prep.nodes}
+    out = []
+    for n in prep.nodes:
+        a = n.attrs
+        attrs = {}
+        if "kernel" in a:
+            kh, kw = a["kernel"]
+            attrs["kernel"] = [int(kw), int(kh)]
+        if "strides" in a:
+            sh, sw = a["strides"]
+            attrs["stride"] = [int(sw), int(sh)]
+        if "dilations" in a:
+            dh, dw = a["dilations"]
+            attrs["dilation"] = [int(dw), int(dh)]
+        if "pads" in a:
+            t, l, b, r = a["pads"]
+            attrs["pad"] = [int(l), int(r), int(t), int(b)]
+        if n.kind in ("conv", "dwconv", "tconv"):
+            attrs["group"] = 1
+            attrs["nonlinear"] = n.act
+            if n.act == "LEAKYRELU":
+                attrs["LEAKYRELU_alpha"] = float(a.get("alpha") or 26 / 256)
+            if n.kind == "tconv":
+                attrs["output_padding"] = list(a.get("output_padding", [0, 0]))
+        if n.kind == "pool":
+            attrs["type"] = a["type"]
+            attrs["global"] = bool(a.get("global", False))
+            attrs["ceil_mode"] = bool(a.get("ceil_mode", 0))
+            if a["type"] == "AVG":
+                attrs["count_include_pad"] = bool(a.get("count_include_pad", 1))
+        if n.kind == "eltwise":
+            attrs["type"] = a["type"]
+            attrs["nonlinear"] = n.act
+        if n.kind == "concat":
+            attrs["axis"] = _NHWC_AXIS[a["axis"]] if len(n.shape) == 4 else a["axis"]
+        if n.kind == "upsample":
+            attrs["mode"] = "NEAREST"
+            sh, sw = a["scales"]
+            attrs["scale"] = [sw, sh]
+        if n.kind == "act" and n.act == "LEAKYRELU":
+            attrs["alpha"] = float(a.get("alpha") or 26 / 256)
+        typ = _ACT_TYPE[n.act] if n.kind == "act" else (a["xir_type"] if n.kind == "float" else _XIR_TYPE[n.kind])
+        w = None
+        if n.weight is not None:
+            from quant.xir_out import xir_weights
+            w = list(xir_weights(n, n.weight).shape)
+        out.append(OpDesc(n.name, typ, attrs, [nhwc(shapes[i]) for i in n.inputs], nhwc(n.shape), w))
+    return out
+
+
+def inspect_model(model, target, input_shape=None):
+    """(prepared graph, [(QNode, Placement)]) for an ONNX model on a target."""
+    from isa.target import TargetError, get_target
+    from compiler.rules import place
+    try:
+        t = get_target(target) if not hasattr(target, "cp") else target
+    except TargetError as e:
+        raise QuantError(f"INSPECTOR_INPUT_FORMAT: {e}") from None
+    m = load_onnx(model)
+    src = os.fspath(model) if isinstance(model, (str, os.PathLike)) else m.graph.name
+
+    class _Cfg:
+        replace_sigmoid = False
+    prep = prepare(to_fgraph(m, src, input_shape), _Cfg())
+    rows = [(n, place(d, t)) for n, d in zip(prep.nodes, op_descs(prep))]
+    return t, prep, rows
+
+
+def format_inspect(t, prep: Prepared, rows, verbose: int = 1) -> str:
+    """The inspect_<target>.txt text: target, limits, then the ops (verbose 1: CPU ops; 2: every op)."""
+    from compiler.rules import limits
+    fp = "none" if t.fingerprint is None else f"0x{t.fingerprint:016X}"
+    lines = ["[VAIQ_NOTE]: =>Start to inspect model...",
+             f"Target: {t.name}  fingerprint: {fp}  PP {t.pp} CP {t.cp} ALU_PP {t.alu_pp} bank_depth {t.bank_depth}",
+             "Limits: " + ", ".join(f"{k}={v}" for k, v in limits(t).items()), ""]
+    cpu = [(n, p) for n, p in rows if p.device == "CPU"]
+    lines.append(f"ops: {len(rows)}  DPU: {sum(p.device == 'DPU' for _, p in rows)}  CPU: {len(cpu)}"
+                 f"  other: {sum(p.device not in ('DPU', 'CPU') for _, p in rows)}")
+    show = rows if verbose >= 2 else cpu
+    if show:
+        lines.append("")
+        lines.append(f"{'op':44s} {'source':28s} {'type':18s} {'device':6s} reason")
+        for n, p in show:
+            src = ",".join(n.sources)[:28]
+            hint = f"  [hint: {p.hint}]" if p.hint else ""
+            typ = n.kind if n.kind != "float" else n.attrs["xir_type"]
+            lines.append(f"{n.name[:44]:44s} {src:28s} {typ:18s} {p.device:6s} {p.reason}{hint}")
+    lines.append("[VAIQ_NOTE]: =>Finish inspecting.")
+    return "\n".join(lines) + "\n"

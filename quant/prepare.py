@@ -1,0 +1,705 @@
+"""Preparation (vai_q "optimize" step): a float `FGraph` becomes a list of `QNode`s, one per quantized XIR op.
+
+It folds BatchNorm into the preceding conv / gemm (a lone BN becomes a 1×1 depthwise conv), turns Gemm/MatMul
+into convolutions (a Flatten→Gemm into an H×W conv, as AMD's TransferMatMulToConv2d), fuses conv+act and
+add+ReLU, recognises hard-sigmoid / hard-swish (including `x·clip(x+3,0,6)/6`), folds zero Pad into the next
+conv, maps const add/mul onto conv bias/weights or a depthwise conv, and forces the LeakyReLU slope to 26/256.
+Ops without a fix-point form stay float (`kind == "float"`) and are listed; unknown ops are an error.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from quant.onnx_in import FGraph, Node, QuantError
+
+LEAKY_ALPHA = 26 / 256          # the DPU's only LeakyReLU slope (UG1414; spec §7.2)
+FLOAT_OPS = {"Softmax": "softmax", "Sigmoid": "sigmoid", "Tanh": "tanh"}
+
+
+@dataclass
+class QNode:
+    """One op of the prepared graph, in ONNX (NCHW) terms; `name` becomes the XIR op name."""
+    name: str
+    kind: str                    # input conv dwconv tconv pool eltwise concat upsample hsigmoid act reshape float
+    inputs: list[str]
+    shape: list[int]
+    attrs: dict = field(default_factory=dict)
+    weight: np.ndarray | None = None     # conv OIHW; dwconv [C,1,kh,kw]; tconv [Cin,Cout,kh,kw]
+    bias: np.ndarray | None = None
+    act: str = "NONE"                    # NONE RELU RELU6 LEAKYRELU
+    sources: list[str] = field(default_factory=list)   # ONNX nodes merged into this op
+    device: str = "DPU"
+    reason: str = ""
+
+    @property
+    def quantized(self) -> bool:
+        return self.kind != "float"
+
+
+@dataclass
+class Prepared:
+    name: str
+    nodes: list[QNode]
+    outputs: list[str]                   # QNode names of the graph outputs, in ONNX output order
+    output_names: list[str]              # the ONNX names of those outputs
+    notes: list[str]                     # VAIQ-style warnings (replacements, float ops, ...)
+
+    def node(self, name: str) -> QNode:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def consumers(self, name: str) -> list[QNode]:
+        return [n for n in self.nodes if name in n.inputs]
+
+    @property
+    def input_nodes(self) -> list[QNode]:
+        return [n for n in self.nodes if n.kind == "input"]
+
+
+def _ints(v, n, default):
+    if v is None:
+        return list(default)
+    v = [int(x) for x in v]
+    return v if len(v) == n else list(default)
+
+
+class _Prep:
+    def __init__(self, fg: FGraph, cfg):
+        self.fg, self.cfg = fg, cfg
+        self.nodes: list[QNode] = []
+        self.byname: dict[str, QNode] = {}
+        self.val: dict[str, str] = {}            # ONNX tensor -> QNode name
+        self.done: set[int] = set()
+        self.notes: list[str] = []
+        self.graph_outputs = set(fg.outputs)
+        self._cons: dict[str, list[Node]] = {}
+        for n in fg.nodes:
+            for i in n.inputs:
+                self._cons.setdefault(i, []).append(n)
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def err(self, node: Node, msg: str) -> QuantError:
+        return QuantError(f"{self.fg.source}: op {node.name!r} ({node.op_type}): {msg}")
+
+    def const(self, t: str):
+        return self.fg.consts.get(t)
+
+    def shape(self, t: str) -> list[int]:
+        s = self.fg.shapes.get(t)
+        if s is None:
+            raise QuantError(f"{self.fg.source}: tensor {t!r} has no static shape after shape inference")
+        return list(s)
+
+    def only_consumer(self, t: str) -> Node | None:
+        cs = self._cons.get(t, [])
+        if len(cs) == 1 and t not in self.graph_outputs and id(cs[0]) not in self.done:
+            return cs[0]
+        return None
+
+    def add(self, q: QNode, *tensors: str) -> QNode:
+        base, k = q.name, 1
+        while q.name in self.byname:
+            q.name = f"{base}_{k}"
+            k += 1
+        self.nodes.append(q)
+        self.byname[q.name] = q
+        for t in tensors:
+            self.val[t] = q.name
+        return q
+
+    def src(self, node: Node, t: str) -> QNode:
+        if t in self.fg.consts:
+            raise self.err(node, f"input {t!r} is a constant where a feature map is expected")
+        if t not in self.val:
+            raise self.err(node, f"input {t!r} has no producer")
+        return self.byname[self.val[t]]
+
+    def mark(self, *nodes: Node) -> None:
+        for n in nodes:
+            self.done.add(id(n))
+
+    def scalar_const(self, node: Node, which_out: str):
+        """For a binary op with one constant operand: (activation tensor, constant) or (None, None)."""
+        a, b = node.inputs[0], node.inputs[1]
+        if b in self.fg.consts and a not in self.fg.consts:
+            return a, self.fg.consts[b]
+        if a in self.fg.consts and b not in self.fg.consts:
+            return b, self.fg.consts[a]
+        return None, None
+
+    # ---- activation fusion ----------------------------------------------------------------------
+    def act_of(self, node: Node) -> tuple[str, float | None] | None:
+        t = node.op_type
+        if t == "Relu":
+            return "RELU", None
+        if t == "LeakyRelu":
+            alpha = float(node.attrs.get("alpha", 0.01))
+            return "LEAKYRELU", alpha
+        if t == "Clip":
+            lo = node.attrs.get("min")
+            hi = node.attrs.get("max")
+            if len(node.inputs) > 1 and node.inputs[1]:
+                lo = self.const(node.inputs[1])
+            if len(node.inputs) > 2 and node.inputs[2]:
+                hi = self.const(node.inputs[2])
+            if lo is not None and hi is not None and float(lo) == 0.0 and float(hi) == 6.0:
+                return "RELU6", None
+            if lo is not None and float(lo) == 0.0 and hi is None:
+                return "RELU", None
+        return None
+
+    def take_act(self, t: str, allowed=("RELU", "RELU6", "LEAKYRELU")) -> tuple[str, str, float | None, list[str]]:
+        """Follow t into a fusable activation; returns (final tensor, act, alpha, merged node names)."""
+        c = self.only_consumer(t)
+        if c is None or not c.inputs or c.inputs[0] != t:
+            return t, "NONE", None, []
+        a = self.act_of(c)
+        if a is None or a[0] not in allowed:
+            return t, "NONE", None, []
+        self.mark(c)
+        act, alpha = a
+        if act == "LEAKYRELU":
+            alpha = self.leaky(c, alpha)
+        return c.outputs[0], act, alpha, [c.name]
+
+    def leaky(self, node: Node, alpha: float) -> float:
+        if alpha != LEAKY_ALPHA:
+            self.notes.append(f"[VAIQ_WARN][QUANTIZER_TORCH_LEAKYRELU]: {node.name}: LeakyReLU slope {alpha:g} "
+                              f"replaced by {LEAKY_ALPHA} (26/256), the DPU's slope")
+        return LEAKY_ALPHA
+
+    def take_bn(self, t: str, w: np.ndarray, b: np.ndarray, axis: int):
+        """Fold a following BatchNormalization into (w, b) along output-channel `axis` of w."""
+        c = self.only_consumer(t)
+        if c is None or c.op_type != "BatchNormalization" or c.inputs[0] != t:
+            return t, w, b, []
+        g, beta, mu, var = (self.const(x) for x in c.inputs[1:5])
+        if any(v is None for v in (g, beta, mu, var)):
+            return t, w, b, []
+        eps = float(c.attrs.get("epsilon", 1e-5))
+        s = (g / np.sqrt(var + eps)).astype(np.float64)
+        shp = [1] * w.ndim
+        shp[axis] = -1
+        w = (w.astype(np.float64) * s.reshape(shp)).astype(np.float32)
+        b = (beta + (b.astype(np.float64) - mu) * s).astype(np.float32)
+        self.mark(c)
+        return c.outputs[0], w, b, [c.name]
+
+    def take_const_affine(self, t: str, w: np.ndarray, b: np.ndarray, axis: int, nout: int):
+        """Fold following Add/Sub/Mul/Div by a per-channel or scalar constant into (w, b)."""
+        merged = []
+        while True:
+            c = self.only_consumer(t)
+            if c is None or c.op_type not in ("Add", "Sub", "Mul", "Div") or len(c.inputs) != 2:
+                break
+            x, k = self.scalar_const(c, t)
+            if x != t or k is None:
+                break
+            kv = _per_channel(k, nout)
+            if kv is None or (c.op_type in ("Sub", "Div") and c.inputs[0] != t):
+                break
+            if self._hswish_head(c):
+                break
+            shp = [1] * w.ndim
+            shp[axis] = -1
+            if c.op_type == "Add":
+                b = b + kv
+            elif c.op_type == "Sub":
+                b = b - kv
+            else:
+                f = kv if c.op_type == "Mul" else 1.0 / kv
+                w = (w * f.reshape(shp)).astype(np.float32)
+                b = b * f
+            b = b.astype(np.float32)
+            self.mark(c)
+            merged.append(c.name)
+            t = c.outputs[0]
+        return t, w, b, merged
+
+    # ---- hard-sigmoid / hard-swish patterns -----------------------------------------------------------
+    def _hswish_head(self, add: Node) -> bool:
+        return self._match_hsig(add) is not None
+
+    def _match_hsig(self, add: Node):
+        """Add(x, 3) -> Clip(0,6) | Relu6-clip -> Div 6 | Mul 1/6: returns (x, [nodes], out tensor)."""
+        if add.op_type != "Add" or len(add.inputs) != 2:
+            return None
+        x, k = self.scalar_const(add, None)
+        if x is None or np.size(k) != 1 or float(np.reshape(k, -1)[0]) != 3.0:
+            return None
+        c = self.only_consumer(add.outputs[0])
+        if c is None or self.act_of(c) != ("RELU6", None):
+            return None
+        d = self.only_consumer(c.outputs[0])
+        if d is None or d.op_type not in ("Div", "Mul"):
+            return None
+        _, k2 = self.scalar_const(d, None)
+        if k2 is None or np.size(k2) != 1:
+            return None
+        k2 = float(np.reshape(k2, -1)[0])
+        if not ((d.op_type == "Div" and k2 == 6.0) or (d.op_type == "Mul" and abs(k2 - 1 / 6) < 1e-6)):
+            return None
+        return x, [add, c, d], d.outputs[0]
+
+    # ---- node handlers ----------------------------------------------------------------------------
+    def run(self) -> Prepared:
+        fg = self.fg
+        for name, shp in fg.inputs:
+            if len(shp) != 4:
+                self.notes.append(f"input {name!r} has shape {shp}; feature maps are expected as NCHW")
+            self.add(QNode(name, "input", [], shp, sources=[name]), name)
+        for node in fg.nodes:
+            if id(node) in self.done:
+                continue
+            h = getattr(self, "op_" + node.op_type, None)
+            if h is None:
+                if node.op_type in FLOAT_OPS:
+                    self.float_op(node)
+                    continue
+                raise self.err(node, f"unsupported op {node.op_type}: the quantizer handles "
+                                     f"{', '.join(sorted(SUPPORTED_ONNX))}")
+            self.mark(node)
+            h(node)
+        outs, onames = [], []
+        for o in fg.outputs:
+            if o not in self.val:
+                raise QuantError(f"{fg.source}: graph output {o!r} was not produced by a prepared op")
+            outs.append(self.val[o])
+            onames.append(o)
+        self.check_layouts()
+        return Prepared(fg.name, self.nodes, outs, onames, self.notes)
+
+    def check_layouts(self) -> None:
+        live = {i for n in self.nodes for i in n.inputs} | set(self.val[o] for o in self.fg.outputs)
+        self.nodes = [n for n in self.nodes if n.name in live or n.kind == "input"]
+        for n in self.nodes:
+            if n.kind == "reshape":
+                src = self.byname[n.inputs[0]]
+                s = src.shape
+                if len(s) == 4 and s[2] * s[3] > 1 and n.shape != s:
+                    raise QuantError(f"{self.fg.source}: op {n.sources[0]!r} reshapes a {s} feature map to {n.shape}; "
+                                     f"that depends on the NCHW/NHWC layout and is supported only before Gemm/MatMul "
+                                     f"(unsupported op)")
+
+    def float_op(self, node: Node) -> None:
+        self.mark(node)
+        if node.op_type == "Sigmoid" and self.cfg.replace_sigmoid:
+            x = self.src(node, node.inputs[0])
+            self.notes.append(f"[VAIQ_WARN][QUANTIZER_TORCH_REPLACE_SIGMOID]: {node.name}: Sigmoid replaced by "
+                              f"hard-sigmoid")
+            self.add(QNode(node.name, "hsigmoid", [x.name], self.shape(node.outputs[0]), sources=[node.name]),
+                     node.outputs[0])
+            return
+        x = self.src(node, node.inputs[0])
+        attrs = {"op_type": node.op_type, "xir_type": FLOAT_OPS[node.op_type], "onnx_attrs": dict(node.attrs)}
+        self.notes.append(f"[VAIQ_WARN][QUANTIZER_TORCH_FLOAT_OP]: {node.name}: {node.op_type} has no fix-point "
+                          f"form and stays float (CPU)")
+        self.add(QNode(node.name, "float", [x.name], self.shape(node.outputs[0]), attrs, sources=[node.name],
+                       device="CPU", reason=f"{node.op_type.lower()} is not supported by the DPU"),
+                 node.outputs[0])
+
+    def _conv_geom(self, node: Node, x_shape, kh, kw) -> dict:
+        a = node.attrs
+        strides = _ints(a.get("strides"), 2, (1, 1))
+        dil = _ints(a.get("dilations"), 2, (1, 1))
+        pads = _ints(a.get("pads"), 4, (0, 0, 0, 0))           # ONNX: t, l, b, r
+        ap = a.get("auto_pad", b"NOTSET")
+        ap = ap.decode() if isinstance(ap, bytes) else str(ap)
+        if ap in ("SAME_UPPER", "SAME_LOWER"):
+            pads = [0, 0, 0, 0]
+            for d, (n_in, k, s, dl) in enumerate(((x_shape[2], kh, strides[0], dil[0]),
+                                                  (x_shape[3], kw, strides[1], dil[1]))):
+                out = -(-n_in // s)
+                tot = max((out - 1) * s + (k - 1) * dl + 1 - n_in, 0)
+                lo = tot // 2 if ap == "SAME_UPPER" else tot - tot // 2
+                pads[d], pads[d + 2] = lo, tot - lo
+        elif ap == "VALID":
+            pads = [0, 0, 0, 0]
+        return {"strides": strides, "dilations": dil, "pads": pads, "kernel": [kh, kw]}
+
+    def absorb_pad(self, x: QNode, geo: dict) -> QNode:
+        if x.kind == "pad" and len(self.consumer_names(x.name)) == 0:
+            p = x.attrs["pads"]
+            geo["pads"] = [geo["pads"][i] + p[i] for i in range(4)]
+            return self.byname[x.inputs[0]]
+        return x
+
+    def consumer_names(self, name: str) -> list[str]:
+        return [n.name for n in self.nodes if name in n.inputs]
+
+    def op_Conv(self, node: Node) -> None:
+        w = self.const(node.inputs[1])
+        if w is None:
+            raise self.err(node, "weights are not constant (unsupported)")
+        if w.ndim != 4:
+            raise self.err(node, f"only 2-D convolutions are supported (weights {list(w.shape)})")
+        x = self.src(node, node.inputs[0])
+        xs = x.shape
+        b = self.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+        O, Ig, kh, kw = w.shape
+        g = int(node.attrs.get("group", 1))
+        b = np.zeros(O, np.float32) if b is None else b.astype(np.float32)
+        geo = self._conv_geom(node, xs, kh, kw)
+        x = self.absorb_pad(x, geo)
+        t, w, b, m1 = self.take_bn(node.outputs[0], w.astype(np.float32), b, 0)
+        t, w, b, m2 = self.take_const_affine(t, w, b, 0, O)
+        t, act, alpha, m3 = self.take_act(t)
+        cin = xs[1]
+        if g == 1:
+            kind = "conv"
+        elif g == cin and O == cin:
+            kind = "dwconv"
+        else:
+            raise self.err(node, f"grouped convolution with group {g} (C_in {cin}, C_out {O}) is not supported; "
+                                 f"the DPU runs group 1 or depthwise (group = C_in = C_out)")
+        self.add(QNode(node.name, kind, [x.name], self.shape(t), geo, w, b, act,
+                       [node.name] + m1 + m2 + m3, ), t)
+        self.byname[self.val[t]].attrs["alpha"] = alpha
+
+    def op_ConvTranspose(self, node: Node) -> None:
+        w = self.const(node.inputs[1])
+        if w is None or w.ndim != 4:
+            raise self.err(node, "weights must be a constant 4-D tensor")
+        x = self.src(node, node.inputs[0])
+        Cin, Og, kh, kw = w.shape
+        g = int(node.attrs.get("group", 1))
+        if g != 1:
+            raise self.err(node, f"grouped transposed convolution (group {g}) is not supported")
+        b = self.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+        b = np.zeros(Og, np.float32) if b is None else b.astype(np.float32)
+        geo = self._conv_geom(node, x.shape, kh, kw)
+        geo["output_padding"] = _ints(node.attrs.get("output_padding"), 2, (0, 0))
+        t, w, b, m1 = self.take_bn(node.outputs[0], w.astype(np.float32), b, 1)
+        t, act, alpha, m3 = self.take_act(t)
+        q = self.add(QNode(node.name, "tconv", [x.name], self.shape(t), geo, w, b, act, [node.name] + m1 + m3), t)
+        q.attrs["alpha"] = alpha
+
+    def op_BatchNormalization(self, node: Node) -> None:
+        x = self.src(node, node.inputs[0])
+        g, beta, mu, var = (self.const(i) for i in node.inputs[1:5])
+        if any(v is None for v in (g, beta, mu, var)):
+            raise self.err(node, "BatchNormalization parameters must be constants")
+        eps = float(node.attrs.get("epsilon", 1e-5))
+        s = g / np.sqrt(var + eps)
+        C = s.size
+        w = s.reshape(C, 1, 1, 1).astype(np.float32)
+        b = (beta - mu * s).astype(np.float32)
+        t, act, alpha, m = self.take_act(node.outputs[0])
+        self.notes.append(f"{node.name}: a BatchNormalization without a preceding conv became a 1x1 depthwise conv")
+        q = self.add(QNode(node.name, "dwconv", [x.name], self.shape(t),
+                           {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "kernel": [1, 1]},
+                           w, b, act, [node.name] + m), t)
+        q.attrs["alpha"] = alpha
+
+    def _dense(self, node: Node, a_t: str, wmat: np.ndarray, bias: np.ndarray, out_t: str, merged: list[str]):
+        """y = a @ wmat.T + bias on a 2-D input, as a conv over the 4-D tensor the input was flattened from."""
+        a = self.src(node, a_t)
+        N, K = wmat.shape
+        t, w2, b2, m2 = self.take_const_affine(out_t, wmat.reshape(N, K, 1, 1).astype(np.float32),
+                                               bias.astype(np.float32), 0, N)
+        t, act, alpha, m3 = self.take_act(t)
+        is_out = any(self.val.get(o) == a.name for o in self.fg.outputs)
+        if a.kind == "reshape" and len(self.byname[a.inputs[0]].shape) == 4 and len(self._cons.get(a_t, [])) == 1 \
+                and not is_out and int(np.prod(self.byname[a.inputs[0]].shape[1:])) == K:
+            src4 = self.byname[a.inputs[0]]
+            _, C, H, W = src4.shape
+            w4 = w2.reshape(N, C, H, W)
+            self.nodes.remove(a)
+            del self.byname[a.name]
+            for k_, v_ in list(self.val.items()):
+                if v_ == a.name:
+                    del self.val[k_]
+            x = src4
+            note = f"{node.name}: Flatten+{node.op_type} became a {H}x{W} conv (TransferMatMulToConv2d)"
+        else:
+            if len(a.shape) != 2 or a.shape[1] != K:
+                raise self.err(node, f"input shape {a.shape} does not match weights K={K}")
+            x = self.add(QNode(f"{node.name}_to4d", "reshape", [a.name], [a.shape[0], K, 1, 1],
+                               {"shape": [a.shape[0], K, 1, 1]}, sources=[node.name]))
+            C, H, W, w4 = K, 1, 1, w2
+            note = f"{node.name}: {node.op_type} became a 1x1 conv"
+        self.notes.append(note)
+        out2d = self.shape(t)
+        q = self.add(QNode(node.name, "conv", [x.name], [out2d[0], N, 1, 1],
+                           {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "kernel": [H, W]},
+                           w4, b2, act, [node.name] + merged + m2 + m3))
+        q.attrs["alpha"] = alpha
+        self.add(QNode(f"{node.name}_reshape", "reshape", [q.name], out2d, {"shape": out2d}, sources=[node.name]), t)
+
+    def op_Gemm(self, node: Node) -> None:
+        a = node.attrs
+        if int(a.get("transA", 0)):
+            raise self.err(node, "transA=1 is not supported")
+        B = self.const(node.inputs[1])
+        if B is None:
+            raise self.err(node, "the second operand must be constant (weights)")
+        wmat = B.T if not int(a.get("transB", 0)) else B
+        wmat = wmat * float(a.get("alpha", 1.0))
+        C = self.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+        bias = np.zeros(wmat.shape[0], np.float32) if C is None else \
+            np.broadcast_to(np.asarray(C, np.float32).reshape(-1), (wmat.shape[0],)) * float(a.get("beta", 1.0))
+        self._dense(node, node.inputs[0], wmat, bias, node.outputs[0], [])
+
+    def op_MatMul(self, node: Node) -> None:
+        B = self.const(node.inputs[1])
+        if B is None or B.ndim != 2:
+            raise self.err(node, "only a matmul with a constant 2-D right operand (a dense layer) is supported")
+        self._dense(node, node.inputs[0], B.T, np.zeros(B.shape[1], np.float32), node.outputs[0], [])
+
+    def _act_node(self, node: Node, act: str, alpha) -> None:
+        x = self.src(node, node.inputs[0])
+        fusable = ("RELU", "RELU6", "LEAKYRELU") if x.kind in ("conv", "dwconv", "tconv") else \
+            ("RELU",) if (x.kind == "eltwise" and x.attrs.get("type") == "ADD") else ()
+        if act in fusable and x.act == "NONE" and len(self.consumer_names(x.name)) == 0 \
+                and x.name not in [self.val.get(o) for o in self.fg.outputs]:
+            x.act = act
+            x.attrs["alpha"] = alpha
+            x.sources.append(node.name)
+            self.val[node.outputs[0]] = x.name
+            return
+        q = self.add(QNode(node.name, "act", [x.name], self.shape(node.outputs[0]), {"alpha": alpha}, act=act,
+                           sources=[node.name]), node.outputs[0])
+        del q
+
+    def op_Relu(self, node: Node) -> None:
+        self._act_node(node, "RELU", None)
+
+    def op_LeakyRelu(self, node: Node) -> None:
+        self._act_node(node, "LEAKYRELU", self.leaky(node, float(node.attrs.get("alpha", 0.01))))
+
+    def op_Clip(self, node: Node) -> None:
+        a = self.act_of(node)
+        if a is None:
+            raise self.err(node, "only Clip(0, 6) (ReLU6) and Clip(0, inf) (ReLU) are supported")
+        self._act_node(node, a[0], None)
+
+    def _eltwise(self, node: Node, typ: str) -> None:
+        xs = [self.src(node, i) for i in node.inputs]
+        t, act, alpha, m = self.take_act(node.outputs[0], ("RELU",)) if typ == "ADD" else (node.outputs[0], "NONE", None, [])
+        self.add(QNode(node.name, "eltwise", [x.name for x in xs], self.shape(t), {"type": typ}, act=act,
+                       sources=[node.name] + m), t)
+
+    def _const_channel_op(self, node: Node) -> None:
+        """x (+,-,*,/) per-channel/scalar constant: into the producer conv, else a 1x1 depthwise conv."""
+        x_t, k = self.scalar_const(node, None)
+        x = self.src(node, x_t)
+        C = x.shape[1] if len(x.shape) >= 2 else 1
+        kv = _per_channel(k, C)
+        if kv is None or len(x.shape) != 4:
+            raise self.err(node, f"{node.op_type} with a constant of shape {list(np.shape(k))} on a {x.shape} tensor "
+                                 f"is not supported (per-channel or scalar constants only)")
+        if node.op_type in ("Sub", "Div") and node.inputs[0] != x_t:
+            raise self.err(node, f"constant {node.op_type} with the constant first is not supported")
+        w = np.ones(C, np.float32)
+        b = np.zeros(C, np.float32)
+        if node.op_type == "Add":
+            b = kv
+        elif node.op_type == "Sub":
+            b = -kv
+        elif node.op_type == "Mul":
+            w = kv
+        else:
+            w = 1.0 / kv
+        t, act, alpha, m = self.take_act(node.outputs[0])
+        self.notes.append(f"{node.name}: {node.op_type} by a constant became a 1x1 depthwise conv")
+        q = self.add(QNode(node.name, "dwconv", [x.name], self.shape(t),
+                           {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "kernel": [1, 1]},
+                           w.reshape(C, 1, 1, 1).astype(np.float32), b.astype(np.float32), act,
+                           [node.name] + m), t)
+        q.attrs["alpha"] = alpha
+
+    def op_Add(self, node: Node) -> None:
+        hs = self._match_hsig(node)
+        if hs is not None:
+            self.hsig_pattern(node, hs)
+            return
+        if any(i in self.fg.consts for i in node.inputs):
+            self._const_channel_op(node)
+        else:
+            self._eltwise(node, "ADD")
+
+    def op_Sub(self, node: Node) -> None:
+        if any(i in self.fg.consts for i in node.inputs):
+            self._const_channel_op(node)
+        else:
+            raise self.err(node, "Sub of two feature maps is not supported")
+
+    def op_Div(self, node: Node) -> None:
+        if node.inputs[1] in self.fg.consts:
+            self._const_channel_op(node)
+        else:
+            raise self.err(node, "Div by a feature map is not supported")
+
+    def op_Mul(self, node: Node) -> None:
+        if any(i in self.fg.consts for i in node.inputs):
+            self._const_channel_op(node)
+        else:
+            self._eltwise(node, "MUL")
+
+    def hsig_pattern(self, add: Node, hs) -> None:
+        x_t, chain, out_t = hs
+        x = self.src(add, x_t)
+        self.mark(*chain)
+        m = self.only_consumer(out_t)
+        hsn = self.add(QNode(add.name + "_hsigmoid", "hsigmoid", [x.name], self.shape(out_t),
+                             sources=[n.name for n in chain]), out_t)
+        if m is not None and m.op_type == "Mul" and set(m.inputs) == {x_t, out_t}:
+            self.mark(m)
+            self.add(QNode(m.name, "eltwise", [x.name, hsn.name], self.shape(m.outputs[0]), {"type": "MUL"},
+                           sources=[m.name, "hard-swish"]), m.outputs[0])
+
+    def op_HardSigmoid(self, node: Node) -> None:
+        a, b = float(node.attrs.get("alpha", 0.2)), float(node.attrs.get("beta", 0.5))
+        if abs(a - 1 / 6) > 1e-6 or abs(b - 0.5) > 1e-6:
+            raise self.err(node, f"HardSigmoid(alpha={a:g}, beta={b:g}) is not the DPU's hard-sigmoid "
+                                 f"(alpha 1/6, beta 0.5)")
+        x = self.src(node, node.inputs[0])
+        self.add(QNode(node.name, "hsigmoid", [x.name], self.shape(node.outputs[0]), sources=[node.name]),
+                 node.outputs[0])
+
+    def op_HardSwish(self, node: Node) -> None:
+        x = self.src(node, node.inputs[0])
+        hs = self.add(QNode(node.name + "_hsigmoid", "hsigmoid", [x.name], x.shape, sources=[node.name]))
+        self.add(QNode(node.name, "eltwise", [x.name, hs.name], self.shape(node.outputs[0]), {"type": "MUL"},
+                       sources=[node.name]), node.outputs[0])
+
+    def _pool(self, node: Node, typ: str, glob: bool) -> None:
+        x = self.src(node, node.inputs[0])
+        if len(x.shape) != 4:
+            raise self.err(node, f"pooling needs a 4-D NCHW input, got {x.shape}")
+        a = node.attrs
+        if glob:
+            geo = {"kernel": [x.shape[2], x.shape[3]], "strides": [1, 1], "pads": [0, 0, 0, 0], "global": True}
+        else:
+            k = _ints(a.get("kernel_shape"), 2, (1, 1))
+            geo = self._conv_geom(node, x.shape, k[0], k[1])
+            if list(geo.get("dilations", [1, 1])) != [1, 1]:
+                raise self.err(node, "dilated pooling is not supported")
+            geo["global"] = False
+            geo["ceil_mode"] = int(a.get("ceil_mode", 0))
+            if typ == "AVG":
+                geo["count_include_pad"] = int(a.get("count_include_pad", 0))
+                if not geo["count_include_pad"] and any(geo["pads"]):
+                    raise self.err(node, "AveragePool with padding and count_include_pad=0 is not supported; the DPU "
+                                         "divides by the full window")
+                x = self.absorb_pad(x, geo)
+        geo["type"] = typ
+        self.add(QNode(node.name, "pool", [x.name], self.shape(node.outputs[0]), geo, sources=[node.name]),
+                 node.outputs[0])
+
+    def op_MaxPool(self, node: Node) -> None:
+        if len(node.outputs) > 1 and node.outputs[1]:
+            raise self.err(node, "MaxPool with indices output is not supported")
+        self._pool(node, "MAX", False)
+
+    def op_AveragePool(self, node: Node) -> None:
+        self._pool(node, "AVG", False)
+
+    def op_GlobalAveragePool(self, node: Node) -> None:
+        self._pool(node, "AVG", True)
+
+    def op_GlobalMaxPool(self, node: Node) -> None:
+        self._pool(node, "MAX", True)
+
+    def op_ReduceMean(self, node: Node) -> None:
+        axes = node.attrs.get("axes")
+        if axes is None and len(node.inputs) > 1:
+            axes = self.const(node.inputs[1])
+        axes = sorted(int(v) % 4 for v in np.reshape(axes, -1)) if axes is not None else None
+        if axes != [2, 3]:
+            raise self.err(node, f"ReduceMean over axes {axes} is not supported (only spatial [2, 3])")
+        x = self.src(node, node.inputs[0])
+        geo = {"kernel": [x.shape[2], x.shape[3]], "strides": [1, 1], "pads": [0, 0, 0, 0], "global": True,
+               "type": "AVG"}
+        out = self.shape(node.outputs[0])
+        if len(out) == 4:
+            self.add(QNode(node.name, "pool", [x.name], out, geo, sources=[node.name]), node.outputs[0])
+        else:
+            p = self.add(QNode(node.name, "pool", [x.name], [out[0], x.shape[1], 1, 1], geo, sources=[node.name]))
+            self.add(QNode(node.name + "_reshape", "reshape", [p.name], out, {"shape": out}, sources=[node.name]),
+                     node.outputs[0])
+
+    def op_Concat(self, node: Node) -> None:
+        xs = [self.src(node, i) for i in node.inputs]
+        nd = len(xs[0].shape)
+        axis = int(node.attrs.get("axis", 1)) % nd
+        self.add(QNode(node.name, "concat", [x.name for x in xs], self.shape(node.outputs[0]), {"axis": axis},
+                       sources=[node.name]), node.outputs[0])
+
+    def op_Resize(self, node: Node) -> None:
+        x = self.src(node, node.inputs[0])
+        a = node.attrs
+        mode = a.get("mode", b"nearest")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        ctm = a.get("coordinate_transformation_mode", b"half_pixel")
+        ctm = ctm.decode() if isinstance(ctm, bytes) else ctm
+        nm = a.get("nearest_mode", b"round_prefer_floor")
+        nm = nm.decode() if isinstance(nm, bytes) else nm
+        out = self.shape(node.outputs[0])
+        if mode != "nearest":
+            raise self.err(node, f"Resize mode {mode!r} is not supported (nearest only)")
+        if len(out) != 4 or out[2] % x.shape[2] or out[3] % x.shape[3] or out[:2] != x.shape[:2]:
+            raise self.err(node, f"Resize from {x.shape} to {out} is not an integer spatial upsampling")
+        ok = (ctm == "asymmetric" and nm == "floor") or \
+             (ctm in ("half_pixel", "pytorch_half_pixel") and nm == "round_prefer_floor")
+        if not ok:
+            raise self.err(node, f"Resize nearest with coordinate_transformation_mode {ctm!r} and nearest_mode "
+                                 f"{nm!r} is not supported")
+        self.add(QNode(node.name, "upsample", [x.name], out,
+                       {"scales": [out[2] // x.shape[2], out[3] // x.shape[3]]}, sources=[node.name]),
+                 node.outputs[0])
+
+    op_Upsample = op_Resize
+
+    def _reshape(self, node: Node) -> None:
+        x = self.src(node, node.inputs[0])
+        out = self.shape(node.outputs[0])
+        if out == x.shape:
+            self.val[node.outputs[0]] = x.name
+            return
+        self.add(QNode(node.name, "reshape", [x.name], out, {"shape": out}, sources=[node.name]), node.outputs[0])
+
+    op_Flatten = op_Reshape = op_Squeeze = op_Unsqueeze = _reshape
+
+    def op_Pad(self, node: Node) -> None:
+        x = self.src(node, node.inputs[0])
+        pads = self.const(node.inputs[1]) if len(node.inputs) > 1 else node.attrs.get("pads")
+        mode = node.attrs.get("mode", b"constant")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        val = self.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else 0.0
+        p = [int(v) for v in np.reshape(pads, -1)]
+        if mode != "constant" or float(np.reshape(val, -1)[0] if np.size(val) else 0.0) != 0.0 or len(p) != 8 \
+                or any(p[i] for i in (0, 1, 4, 5)) or min(p) < 0:
+            raise self.err(node, "only zero padding of H and W that feeds a conv is supported")
+        c = self.only_consumer(node.outputs[0])
+        if c is None or c.op_type not in ("Conv", "AveragePool"):
+            raise self.err(node, "a Pad must feed a single Conv or AveragePool to be folded into it")
+        self.add(QNode(node.name, "pad", [x.name], self.shape(node.outputs[0]),
+                       {"pads": [p[2], p[3], p[6], p[7]]}, sources=[node.name]), node.outputs[0])
+
+
+SUPPORTED_ONNX = {"Conv", "ConvTranspose", "BatchNormalization", "Gemm", "MatMul", "Relu", "LeakyRelu", "Clip", "Add",
+                  "Sub", "Mul", "Div", "HardSigmoid", "HardSwish", "MaxPool", "AveragePool", "GlobalAveragePool",
+                  "GlobalMaxPool", "ReduceMean", "Concat", "Resize", "Upsample", "Flatten", "Reshape", "Squeeze",
+                  "Unsqueeze", "Pad", "Identity", "Dropout", "Constant", "Shape"} | set(FLOAT_OPS)
+
+
+def _per_channel(k, C: int):
+    k = np.asarray(k, np.float32)
+    if k.size == 1:
+        return np.full(C, float(k.reshape(-1)[0]), np.float32)
+    if k.size == C and (k.ndim <= 1 or k.shape[-1] == 1 or k.ndim == 3 or (k.ndim == 4 and k.shape[1] == C)):
+        sq = k.reshape(-1)
+        if k.ndim >= 2 and k.ndim != 4 and k.ndim != 3 and k.shape[-1] != 1:
+            return None
+        return sq
+    return None
+
+
+def prepare(fg: FGraph, cfg) -> Prepared:
+    """Rewrite the float graph into quantizable ops (see the module docstring)."""
+    return _Prep(fg, cfg).run()

@@ -1,0 +1,634 @@
+"""Post-training quantization (vai_q semantics): prepare → weights → calibrate → DPU constraints → exports.
+
+`quantize(model, calib, target=..., config=QuantConfig(...))` returns a `QuantResult` that holds the prepared
+graph and every fix point; `QuantResult.write(dir)` writes the quantized xmodel, the QDQ ONNX, quant_info.json,
+golden dumps and the report into `dir` atomically (nothing is left behind on error).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from quant import calib as C
+from quant.emit import QParams, emit_onnx, session, value_name
+from quant.onnx_in import QuantError, load_onnx, to_fgraph, torch_to_onnx
+from quant.prepare import Prepared, QNode, prepare
+
+HSIG_OUT_FP = 7          # hard-sigmoid output is [0, 1]: fix point 7 (its DPU form saturates at 127/128)
+CONV_KINDS = ("conv", "dwconv", "tconv")
+
+
+@dataclass
+class QuantConfig:
+    """Every scheme choice (defaults as vai_q_pytorch for a DPU target); recorded in quant_info.json."""
+    method: str = "diffs"                 # activation calibration: maxmin percentile mse entropy diffs
+    weight_method: str | None = None      # weights and biases: maxmin | diffs | mse (default: diffs unless method is maxmin)
+    statistic: str | None = None          # per-batch reduction for diffs (modal | max | mean | median)
+    percentile: float = 99.9999
+    bit_width: int = 8
+    weight_round: str = "half_even"       # PY3_ROUND in the xmodel
+    act_round: str = "half_up"            # DPU_ROUND
+    batch_size: int = 8
+    calib_limit: int | None = None        # use at most this many calibration samples
+    replace_sigmoid: bool = False         # sigmoid -> hard-sigmoid (vai_q REPLACE_SIGMOID)
+    align_concat: bool = True
+    align_pool: bool = True
+    eltwise_spread: int = 2               # max fix-point spread of eltwise-add inputs (DPU ELEW keeps 2 extra bits)
+    bias_corr: bool = False
+    fast_finetune: bool = False
+    finetune_iters: int = 200
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.method not in C.METHODS:
+            raise QuantError(f"QUANT_CONFIG: unknown calibration method {self.method!r}; use one of {', '.join(C.METHODS)}")
+        wm = self.wmethod
+        if wm not in ("maxmin", "diffs", "mse"):
+            raise QuantError(f"QUANT_CONFIG: weight method {wm!r}; use maxmin, diffs or mse")
+        if self.bit_width != 8:
+            raise QuantError(f"ILLEGAL_BITWIDTH: the DPU takes 8-bit tensors, not {self.bit_width}")
+        if self.statistic is not None and self.statistic not in C.STATISTICS:
+            raise QuantError(f"QUANT_CONFIG: unknown statistic {self.statistic!r}; use one of {', '.join(C.STATISTICS)}")
+        if self.statistic == "modal" and self.method != "diffs":
+            raise QuantError("QUANT_CONFIG: calib_statistic_method 'modal' is only valid with method 'diffs'")
+        if self.batch_size < 1:
+            raise QuantError("QUANT_CONFIG: batch_size must be >= 1")
+
+    @property
+    def wmethod(self) -> str:
+        if self.weight_method:
+            return self.weight_method
+        return "maxmin" if self.method == "maxmin" else "diffs"
+
+
+# --------------------------------------------------------------------------------------------------
+# calibration data
+# --------------------------------------------------------------------------------------------------
+
+def _load_array(path: str) -> np.ndarray:
+    try:
+        if path.endswith(".npz"):
+            z = np.load(path)
+            keys = list(z.keys())
+            key = "x" if "x" in keys else ("input" if "input" in keys else (keys[0] if len(keys) == 1 else None))
+            if key is None:
+                raise QuantError(f"{path}: an .npz of calibration data needs an array named 'x' (has {keys})")
+            return z[key]
+        return np.load(path)
+    except QuantError:
+        raise
+    except Exception as e:
+        raise QuantError(f"cannot read calibration file {path}: {type(e).__name__}: {e}") from None
+
+
+def calib_arrays(calib, shape: list[int], limit: int | None = None) -> np.ndarray:
+    """Calibration samples as one float32 [N, C, H, W] array (checked: shape, finite values).
+
+    `calib`: an array ([N,C,H,W] or one [C,H,W] sample), a .npy/.npz file, a folder of .npy files or an
+    iterable of arrays."""
+    items: list[tuple[str, np.ndarray]] = []
+    if isinstance(calib, (str, os.PathLike)):
+        p = os.fspath(calib)
+        if os.path.isdir(p):
+            files = sorted(f for f in os.listdir(p) if f.endswith((".npy", ".npz")))
+            if not files:
+                raise QuantError(f"calibration folder {p} has no .npy or .npz files")
+            items = [(os.path.join(p, f), _load_array(os.path.join(p, f))) for f in files]
+        elif os.path.isfile(p):
+            items = [(p, _load_array(p))]
+        else:
+            raise QuantError(f"calibration data {p}: no such file or folder")
+    elif isinstance(calib, np.ndarray):
+        items = [("array", calib)]
+    elif calib is None:
+        raise QuantError("NO_CALIBRATION: no calibration data given")
+    else:
+        try:
+            items = [(f"item {i}", np.asarray(a)) for i, a in enumerate(calib)]
+        except TypeError:
+            raise QuantError(f"calibration data must be an array, a path or an iterable, not "
+                             f"{type(calib).__name__}") from None
+    want = list(shape[1:])
+    out = []
+    for where, a in items:
+        a = np.asarray(a)
+        if a.dtype.kind not in "fiu":
+            raise QuantError(f"calibration data {where}: dtype {a.dtype} is not numeric")
+        if list(a.shape) == want:
+            a = a[None]
+        if a.ndim != len(want) + 1 or list(a.shape[1:]) != want:
+            raise QuantError(f"calibration data {where}: shape {list(a.shape)} does not match the model input "
+                             f"{[1] + want} (give [N, {', '.join(map(str, want))}] or one sample)")
+        a = a.astype(np.float32)
+        bad = ~np.isfinite(a)
+        if bad.any():
+            i = int(np.argwhere(bad.reshape(a.shape[0], -1).any(axis=1))[0][0])
+            raise QuantError(f"calibration data {where}: sample {i} contains NaN or Inf (TENSOR_VALUE_INVALID)")
+        out.append(a)
+    x = np.concatenate(out, axis=0)
+    if x.shape[0] == 0:
+        raise QuantError("NO_CALIBRATION: the calibration data is empty")
+    return x[:limit] if limit else x
+
+
+# --------------------------------------------------------------------------------------------------
+# fix-point constraints
+# --------------------------------------------------------------------------------------------------
+
+class _Groups:
+    def __init__(self):
+        self.parent: dict[str, str] = {}
+
+    def find(self, a: str) -> str:
+        self.parent.setdefault(a, a)
+        while self.parent[a] != a:
+            self.parent[a] = self.parent[self.parent[a]]
+            a = self.parent[a]
+        return a
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+
+
+def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], cfg: QuantConfig,
+                     fixed: dict[str, int] | None = None):
+    """Apply the DPU's fix-point rules to the calibrated positions; returns (act_fp, adjustments).
+
+    Shared positions: concat inputs and output, pool input and output, upsample and reshape in/out.
+    Lowered (never raised) so nothing overflows: conv shift_cut = fp_in + fp_w - fp_out ≥ 0 (spec §7.2);
+    eltwise-add input spread ≤ cfg.eltwise_spread (§7.5); hard-sigmoid output 7."""
+    g = _Groups()
+    q = {n.name: n for n in prep.nodes}
+    for n in prep.nodes:
+        if n.name not in raw:
+            continue
+        g.find(n.name)
+        ins = [i for i in n.inputs if i in raw and q[i].quantized]
+        if n.kind == "concat" and cfg.align_concat or n.kind in ("upsample", "reshape") or \
+                (n.kind == "pool" and cfg.align_pool):
+            for i in ins:
+                g.union(n.name, i)
+    fp: dict[str, int] = {}
+    for name, v in raw.items():
+        r = g.find(name)
+        fp[r] = min(fp.get(r, v), v)
+    adjustments = []
+    for name, v in raw.items():
+        if fp[g.find(name)] != v:
+            adjustments.append({"tensor": name, "from": v, "to": fp[g.find(name)], "rule": "shared fix point "
+                                "(concat / pool / upsample / reshape alignment)"})
+
+    def get(name):
+        return fp[g.find(name)]
+
+    def lower(name, v, rule):
+        r = g.find(name)
+        if fp[r] > v:
+            adjustments.append({"tensor": name, "from": fp[r], "to": v, "rule": rule})
+            fp[r] = v
+            return True
+        return False
+
+    for _ in range(1000):
+        changed = False
+        for n in prep.nodes:
+            if n.name not in raw:
+                continue
+            if n.kind == "hsigmoid":
+                r = g.find(n.name)
+                if fp[r] != HSIG_OUT_FP:
+                    if fp[r] < HSIG_OUT_FP and r != n.name:
+                        pass
+                    else:
+                        adjustments.append({"tensor": n.name, "from": fp[r], "to": HSIG_OUT_FP,
+                                            "rule": "hard-sigmoid output fix point 7"})
+                        fp[r] = HSIG_OUT_FP
+                        changed = True
+            if n.kind in CONV_KINDS and n.inputs[0] in raw:
+                changed |= lower(n.name, get(n.inputs[0]) + w_fp[n.name],
+                                 "shift_cut = fp_in + fp_w - fp_out must be >= 0")
+            if n.kind == "eltwise" and n.attrs["type"] == "ADD" and len(n.inputs) > 1:
+                m = min(get(i) for i in n.inputs)
+                for i in n.inputs:
+                    changed |= lower(i, m + cfg.eltwise_spread,
+                                     f"eltwise-add inputs within {cfg.eltwise_spread} fix points (DPU ELEW)")
+            if n.kind == "eltwise":
+                ref = min(get(i) for i in n.inputs) if n.attrs["type"] == "ADD" else sum(get(i) for i in n.inputs)
+                changed |= lower(n.name, ref + 15, "eltwise shift_write within 15")
+        if fixed:
+            for name, v in fixed.items():
+                if name in raw and get(name) > v:
+                    changed |= lower(name, v, "quant_info")
+        if not changed:
+            break
+    else:
+        raise QuantError("fix-point constraints did not converge")
+    return {name: get(name) for name in raw}, adjustments
+
+
+# --------------------------------------------------------------------------------------------------
+# result
+# --------------------------------------------------------------------------------------------------
+
+def _sanitize(name: str) -> str:
+    return name.replace("/", "_")
+
+
+@dataclass
+class QuantResult:
+    prep: Prepared
+    qp: QParams
+    config: QuantConfig
+    target: object | None
+    placements: dict
+    adjustments: list
+    calib_samples: int
+    timings: dict = field(default_factory=dict)
+    observers: dict = field(default_factory=dict)
+    model_name: str = "model"
+    notes: list = field(default_factory=list)
+    _sessions: dict = field(default_factory=dict, repr=False)
+
+    # ---- views --------------------------------------------------------------------------------
+    def xmodel(self):
+        from quant.xir_out import build_xmodel
+        return build_xmodel(self.prep, self.qp)
+
+    def qdq_onnx(self):
+        return emit_onnx(self.prep, "qdq", self.qp)
+
+    def dpu_onnx(self, all_outputs: bool = False):
+        return emit_onnx(self.prep, "dpu", self.qp, all_outputs=all_outputs)
+
+    def float_onnx(self, all_outputs: bool = False):
+        return emit_onnx(self.prep, "float", None, all_outputs=all_outputs)
+
+    def _sess(self, mode: str):
+        if mode not in self._sessions:
+            m = self.float_onnx(True) if mode == "float" else self.dpu_onnx(True)
+            self._sessions[mode] = session(m)
+        return self._sessions[mode]
+
+    def run(self, x: np.ndarray, mode: str = "dpu", names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Values of QNodes (default: the outputs) on input x ([N,C,H,W] float), float or DPU fake-quant."""
+        names = list(names or self.prep.outputs)
+        s = self._sess(mode)
+        inp = self.prep.input_nodes[0].name
+        outs = s.run([value_name(self.prep, n, mode) for n in names], {inp: np.asarray(x, np.float32)})
+        return dict(zip(names, outs))
+
+    def int_value(self, name: str, v: np.ndarray) -> np.ndarray:
+        fp = self.qp.act_fp[name]
+        return np.clip(np.floor(v.astype(np.float64) * 2.0 ** fp + 0.5), -128, 127).astype(np.int8)
+
+    def to_xir_layout(self, name: str, v: np.ndarray) -> np.ndarray:
+        return v.transpose(0, 2, 3, 1) if v.ndim == 4 else v
+
+    def golden(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-layer DPU results for one sample (int8, XIR layout; floats for float ops) from the fake-quant model."""
+        names = [n.name for n in self.prep.nodes if n.name in self.qp.act_fp or n.kind == "float"]
+        vals = self.run(x[:1], "dpu", names)
+        out = {}
+        for n in names:
+            v = self.to_xir_layout(n, vals[n])
+            out[n] = self.int_value(n, v) if n in self.qp.act_fp else v.astype(np.float32)
+        return out
+
+    def quant_info(self) -> dict:
+        tensors = {}
+        for n in self.prep.nodes:
+            if n.name in self.qp.act_fp:
+                tensors[n.name] = {"kind": "input" if n.kind == "input" else "activation", "bit_width": 8,
+                                   "fix_point": int(self.qp.act_fp[n.name]),
+                                   "round_mode": "DPU_ROUND"}
+            if n.name in self.qp.w_fp:
+                tensors[n.name + "_weights"] = {"kind": "weights", "bit_width": 8,
+                                                "fix_point": int(self.qp.w_fp[n.name]), "round_mode": "PY3_ROUND"}
+                tensors[n.name + "_bias"] = {"kind": "bias", "bit_width": 8,
+                                             "fix_point": int(self.qp.b_fp[n.name]), "round_mode": "PY3_ROUND"}
+        return {"format": "opendpu.quant_info/1", "model": self.model_name,
+                "target": getattr(self.target, "name", None), "config": asdict(self.config),
+                "calibration_samples": self.calib_samples, "tensors": tensors,
+                "adjustments": self.adjustments}
+
+    def layer_errors(self, x: np.ndarray) -> list[dict]:
+        """Per-layer SQNR (dB) and max error (LSB) of the DPU fake-quant model against the float model."""
+        names = [n.name for n in self.prep.nodes if n.kind != "input"]
+        f = self.run(x, "float", names)
+        q = self.run(x, "dpu", names)
+        rows = []
+        for n in self.prep.nodes:
+            if n.kind == "input":
+                continue
+            a, b = f[n.name].astype(np.float64), q[n.name].astype(np.float64)
+            err = a - b
+            p_s, p_e = float(np.mean(a * a)), float(np.mean(err * err))
+            sqnr = float("inf") if p_e == 0 else 10 * np.log10(max(p_s, 1e-30) / p_e)
+            fp = self.qp.act_fp.get(n.name)
+            rows.append({"layer": n.name, "kind": n.kind, "device": n.device, "fix_point": fp,
+                         "weight_fix_point": self.qp.w_fp.get(n.name), "bias_fix_point": self.qp.b_fp.get(n.name),
+                         "sqnr_db": round(sqnr, 2), "max_abs_err": float(np.max(np.abs(err))) if err.size else 0.0,
+                         "max_err_lsb": (float(np.max(np.abs(err))) * 2.0 ** fp if fp is not None and err.size else None)})
+        return rows
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray | None = None, batch: int = 64) -> dict:
+        """Float vs quantized (DPU fake-quant) outputs on a dataset: top-1 agreement, accuracy if labels."""
+        out = self.prep.outputs[0]
+        fl, qu = [], []
+        for i in range(0, len(x), batch):
+            fl.append(self.run(x[i:i + batch], "float", [out])[out])
+            qu.append(self.run(x[i:i + batch], "dpu", [out])[out])
+        fl, qu = np.concatenate(fl), np.concatenate(qu)
+        fa, qa = fl.reshape(len(fl), -1).argmax(1), qu.reshape(len(qu), -1).argmax(1)
+        err = fl.astype(np.float64) - qu
+        res = {"samples": int(len(x)), "top1_agreement": float(np.mean(fa == qa)),
+               "output_sqnr_db": float(10 * np.log10(np.mean(fl.astype(np.float64) ** 2) / max(np.mean(err ** 2), 1e-30)))}
+        if y is not None:
+            y = np.asarray(y).reshape(-1)
+            res["float_accuracy"] = float(np.mean(fa == y))
+            res["quant_accuracy"] = float(np.mean(qa == y))
+        return res
+
+    def report_text(self, rows: list[dict]) -> str:
+        t = self.target
+        lines = [f"opendpu quantize report: {self.model_name}",
+                 f"target: {getattr(t, 'name', 'none')}  method: {self.config.method}  weights: {self.config.wmethod}"
+                 f"  calibration samples: {self.calib_samples}", ""]
+        cpu = [n for n in self.prep.nodes if n.device == "CPU"]
+        lines.append(f"ops: {len(self.prep.nodes)}  DPU: {len(self.prep.nodes) - len(cpu)}  CPU: {len(cpu)}")
+        for n in cpu:
+            lines.append(f"  CPU  {n.name} ({n.kind}): {n.reason}")
+        if self.adjustments:
+            lines.append("")
+            lines.append("fix-point adjustments (DPU constraints):")
+            for a in self.adjustments:
+                lines.append(f"  {a['tensor']}: {a['from']} -> {a['to']}  ({a['rule']})")
+        if self.notes:
+            lines.append("")
+            lines.extend(self.notes)
+        lines.append("")
+        lines.append(f"{'layer':48s} {'kind':9s} {'dev':3s} {'fp':>3s} {'w_fp':>4s} {'b_fp':>4s} {'SQNR dB':>8s} "
+                     f"{'max err LSB':>11s}")
+        for r in rows:
+            def f(v):
+                return "-" if v is None else str(v)
+            lsb = "-" if r["max_err_lsb"] is None else f"{r['max_err_lsb']:.2f}"
+            lines.append(f"{r['layer'][:48]:48s} {r['kind']:9s} {r['device']:3s} {f(r['fix_point']):>3s} "
+                         f"{f(r['weight_fix_point']):>4s} {f(r['bias_fix_point']):>4s} {r['sqnr_db']:8.2f} {lsb:>11s}")
+        return "\n".join(lines) + "\n"
+
+    def write(self, out_dir: str, calib_x: np.ndarray | None = None, golden_input: np.ndarray | None = None,
+              evaluate: dict | None = None) -> dict[str, str]:
+        """Write every output into out_dir atomically (a temporary sibling renamed at the end)."""
+        out_dir = os.path.abspath(out_dir)
+        parent = os.path.dirname(out_dir)
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".tmp-", dir=parent)
+        try:
+            paths = self._write_into(tmp, calib_x, golden_input, evaluate)
+            if os.path.exists(out_dir):
+                old = out_dir + ".old-" + str(os.getpid())
+                os.replace(out_dir, old)
+                os.replace(tmp, out_dir)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, out_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return {k: os.path.join(out_dir, os.path.relpath(v, tmp)) for k, v in paths.items()}
+
+    def _write_into(self, d: str, calib_x, golden_input, evaluate) -> dict[str, str]:
+        import onnx
+        base = _sanitize(self.model_name)
+        paths = {}
+        g = self.xmodel()
+        paths["xmodel"] = os.path.join(d, f"{base}_int.xmodel")
+        g.save(paths["xmodel"])
+        paths["onnx"] = os.path.join(d, f"{base}_int.onnx")
+        onnx.save(self.qdq_onnx(), paths["onnx"])
+        paths["quant_info"] = os.path.join(d, "quant_info.json")
+        with open(paths["quant_info"], "w") as f:
+            json.dump(self.quant_info(), f, indent=1)
+        gx = golden_input if golden_input is not None else calib_x
+        if gx is not None:
+            gd = os.path.join(d, "golden")
+            os.makedirs(gd)
+            gold = self.golden(np.asarray(gx, np.float32)[:1])
+            inputs = {n.name for n in self.prep.input_nodes}
+            for name, v in gold.items():
+                suffix = "_aquant" if name in inputs else ("_int8" if v.dtype == np.int8 else "_float")
+                stem = os.path.join(gd, _sanitize(name) + suffix)
+                v = np.ascontiguousarray(v)
+                v.tofile(stem + ".bin")
+                np.savetxt(stem + ".txt", v.reshape(-1), fmt="%d" if v.dtype == np.int8 else "%.8g")
+            paths["golden"] = gd
+        rows = self.layer_errors(calib_x[: min(len(calib_x), 8)]) if calib_x is not None else []
+        paths["report"] = os.path.join(d, "report.txt")
+        with open(paths["report"], "w") as f:
+            f.write(self.report_text(rows))
+        rep = {"model": self.model_name, "target": getattr(self.target, "name", None),
+               "config": asdict(self.config), "timings_s": self.timings, "layers": rows,
+               "cpu_ops": [{"op": n.name, "kind": n.kind, "reason": n.reason} for n in self.prep.nodes
+                           if n.device == "CPU"],
+               "adjustments": self.adjustments, "notes": self.notes}
+        if evaluate:
+            rep["evaluate"] = evaluate
+        paths["report_json"] = os.path.join(d, "report.json")
+        with open(paths["report_json"], "w") as f:
+            json.dump(rep, f, indent=1)
+        return paths
+
+
+# --------------------------------------------------------------------------------------------------
+# the flow
+# --------------------------------------------------------------------------------------------------
+
+def place_nodes(prep: Prepared, target) -> dict:
+    """DPU/CPU placement of every op by the shared rule set (compiler.rules)."""
+    if target is None:
+        return {}
+    from quant.inspect import op_descs
+    from compiler.rules import place
+    out = {}
+    for n, d in zip(prep.nodes, op_descs(prep)):
+        p = place(d, target)
+        out[n.name] = p
+        if n.kind != "float":
+            n.device, n.reason = p.device, p.reason
+    return out
+
+
+def _weights(prep: Prepared, cfg: QuantConfig, qp: QParams) -> None:
+    for n in prep.nodes:
+        if n.kind in CONV_KINDS:
+            qp.w_fp[n.name] = C.weight_fix_point(n.weight, method=cfg.wmethod, bit_width=8,
+                                                 round_mode=cfg.weight_round)
+
+
+def _biases(prep: Prepared, cfg: QuantConfig, qp: QParams, adjustments: list) -> None:
+    for n in prep.nodes:
+        if n.kind not in CONV_KINDS:
+            continue
+        fpw = qp.w_fp[n.name]
+        qp.w_q[n.name] = C.quantize(n.weight, fpw, 8, cfg.weight_round)
+        base = qp.act_fp[n.inputs[0]] + fpw
+        nat = C.weight_fix_point(n.bias, method=cfg.wmethod, bit_width=8, round_mode=cfg.weight_round) \
+            if np.any(n.bias) else base + 1
+        fpb = min(max(nat, base - 19), base + 1)       # shift_bias = fp_in + fp_w - fp_b + 1 in 0..20 (§7.2)
+        if fpb != nat and np.any(n.bias):
+            adjustments.append({"tensor": n.name + "_bias", "from": nat, "to": fpb,
+                                "rule": "shift_bias = fp_in + fp_w - fp_bias + 1 must be in 0..20"})
+        qp.b_fp[n.name] = fpb
+        qp.b_q[n.name] = C.quantize(n.bias, fpb, 8, cfg.weight_round)
+
+
+def quantize(model, calib, target=None, config: QuantConfig | None = None, quant_info: dict | str | None = None,
+             example_input=None, input_shape=None, progress=None) -> QuantResult:
+    """Quantize a float ONNX model (path or ModelProto) or a torch.nn.Module (with example_input)."""
+    cfg = config or QuantConfig()
+    cfg.validate()
+    t0 = time.perf_counter()
+    timings = {}
+    if target is not None and not hasattr(target, "cp"):
+        from isa.target import TargetError, get_target
+        try:
+            target = get_target(target)
+        except TargetError as e:
+            raise QuantError(f"target: {e}") from None
+    if model.__class__.__module__.startswith("torch"):
+        m = torch_to_onnx(model, example_input if example_input is not None else
+                          np.zeros(input_shape or (1, 3, 224, 224), np.float32))
+        source = type(model).__name__
+    else:
+        m = load_onnx(model)
+        source = os.fspath(model) if isinstance(model, (str, os.PathLike)) else (m.graph.name or "model")
+    fg = to_fgraph(m, source, input_shape)
+    prep = prepare(fg, cfg)
+    if len(prep.input_nodes) != 1:
+        raise QuantError(f"{source}: models with {len(prep.input_nodes)} inputs are not supported (one input)")
+    placements = place_nodes(prep, target)
+    timings["prepare"] = time.perf_counter() - t0
+    inp = prep.input_nodes[0]
+    x = calib_arrays(calib, inp.shape, cfg.calib_limit)
+    qp = QParams()
+    t1 = time.perf_counter()
+    if cfg.bias_corr:
+        from quant.finetune import bias_correction
+        bias_correction(prep, cfg, x)
+    _weights(prep, cfg, qp)
+    timings["weights"] = time.perf_counter() - t1
+    # which tensors get a fix point: every quantized op, the input, and float ops feeding quantized ops
+    need = []
+    for n in prep.nodes:
+        if n.kind == "float":
+            if any(c.quantized for c in prep.consumers(n.name)):
+                need.append(n.name)
+        elif n.kind != "pad":
+            need.append(n.name)
+    qi = _load_quant_info(quant_info, prep) if quant_info is not None else None
+    t2 = time.perf_counter()
+    observers = {}
+    if qi is None:
+        raw = _calibrate(prep, cfg, x, need, observers, progress)
+    else:
+        raw = qi["act"]
+        for n, v in qi["w"].items():
+            qp.w_fp[n] = v
+    timings["calibrate"] = time.perf_counter() - t2
+    adjustments: list = []
+    qp.act_fp, adj = solve_fix_points(prep, raw, qp.w_fp, cfg, fixed=None)
+    adjustments += adj
+    _biases(prep, cfg, qp, adjustments)
+    if qi is not None:
+        for n, v in qi["b"].items():
+            qp.b_fp[n] = v
+            qp.b_q[n] = C.quantize(prep.node(n).bias, v, 8, cfg.weight_round)
+    res = QuantResult(prep, qp, cfg, target, placements, adjustments, int(len(x)), timings, observers,
+                      _model_name(m, source), list(prep.notes))
+    if cfg.fast_finetune:
+        t3 = time.perf_counter()
+        from quant.finetune import fast_finetune
+        fast_finetune(res, x)
+        timings["fast_finetune"] = time.perf_counter() - t3
+    timings["total"] = time.perf_counter() - t0
+    return res
+
+
+def _model_name(m, source: str) -> str:
+    if isinstance(source, str) and source.endswith(".onnx"):
+        return os.path.splitext(os.path.basename(source))[0]
+    return m.graph.name or "model"
+
+
+def _calibrate(prep: Prepared, cfg: QuantConfig, x: np.ndarray, need: list[str], observers: dict, progress) -> dict:
+    kw = {"bit_width": 8, "round_mode": cfg.act_round, "percentile": cfg.percentile}
+    if cfg.statistic:
+        kw["statistic"] = cfg.statistic
+    for name in need:
+        if prep.node(name).kind == "hsigmoid":
+            continue
+        observers[name] = C.make_observer(name, cfg.method, **kw)
+    sess = session(emit_onnx(prep, "float", None, all_outputs=True))
+    names = list(observers)
+    onames = [value_name(prep, n, "float") for n in names]
+    inp = prep.input_nodes[0].name
+    nb = (len(x) + cfg.batch_size - 1) // cfg.batch_size
+    for b in range(nb):
+        xb = x[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+        vals = sess.run(onames, {inp: xb})
+        for n, v in zip(names, vals):
+            try:
+                observers[n].update(v)
+            except C.CalibError as e:
+                raise QuantError(f"calibration batch {b}: {e}") from None
+        if progress:
+            progress(b + 1, nb)
+    raw = {n: int(o.fix_point()) for n, o in observers.items()}
+    for name in need:
+        if name not in raw:
+            raw[name] = HSIG_OUT_FP
+    return raw
+
+
+def _load_quant_info(qi, prep: Prepared) -> dict:
+    src = "quant_info"
+    if isinstance(qi, (str, os.PathLike)):
+        src = os.fspath(qi)
+        try:
+            with open(src) as f:
+                qi = json.load(f)
+        except (OSError, ValueError) as e:
+            raise QuantError(f"cannot read {src}: {e}") from None
+    tensors = qi.get("tensors") if isinstance(qi, dict) else None
+    if not isinstance(tensors, dict):
+        raise QuantError(f"{src}: no 'tensors' table")
+    act, w, b = {}, {}, {}
+    names = {n.name for n in prep.nodes}
+    for k, v in tensors.items():
+        try:
+            fp = int(v["fix_point"])
+        except (KeyError, TypeError, ValueError):
+            raise QuantError(f"{src}: tensor {k!r} has no integer fix_point") from None
+        kind = v.get("kind")
+        if kind == "weights":
+            w[k[: -len("_weights")]] = fp
+        elif kind == "bias":
+            b[k[: -len("_bias")]] = fp
+        else:
+            act[k] = fp
+    missing = [n.name for n in prep.nodes if n.kind in CONV_KINDS and n.name not in w] + \
+              [n for n in names if n not in act and prep.node(n).kind not in ("float", "pad")]
+    unknown = [k for k in list(act) + list(w) + list(b) if k not in names]
+    if missing or unknown:
+        raise QuantError(f"CALIB_RESULT_MISMATCH: {src} does not match the model: missing "
+                         f"{missing[:5]}{'…' if len(missing) > 5 else ''}, unknown {unknown[:5]}")
+    return {"act": act, "w": w, "b": b}

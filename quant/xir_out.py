@@ -1,0 +1,209 @@
+"""The quantized xmodel, in the XIR form vai_q_pytorch exports: data-fix, const-fix (with data), conv2d-fix,
+depthwise-conv2d-fix, transposed-conv2d-fix, pool-fix, eltwise-fix, concat-fix, upsample-fix, hard-sigmoid-fix,
+reshape-fix, fix2float/float2fix around float ops; NHWC tensors with fix_point, bit_width, if_signed, round_mode."""
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.xir.graph import DATA_TYPE_CODES, Graph, Tensor
+from quant.emit import QParams
+from quant.prepare import Prepared, QNode
+
+XINT = DATA_TYPE_CODES["XINT"]
+FLOAT = DATA_TYPE_CODES["FLOAT"]
+_NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}
+
+
+def nhwc(shape) -> list[int]:
+    s = [int(d) for d in shape]
+    return [s[0], s[2], s[3], s[1]] if len(s) == 4 else s
+
+
+def fix_tensor(name: str, shape, fp: int, round_mode: str = "DPU_ROUND") -> Tensor:
+    t = Tensor(name, list(shape), XINT, 8)
+    t.attrs.set("fix_point", int(fp))
+    t.attrs.set("bit_width", 8)
+    t.attrs.set("if_signed", True)
+    t.attrs.set("round_mode", round_mode)
+    return t
+
+
+def float_tensor(name: str, shape) -> Tensor:
+    return Tensor(name, list(shape), FLOAT, 32)
+
+
+def xir_weights(n: QNode, q: np.ndarray) -> np.ndarray:
+    """ONNX weight layout -> XIR: conv OIHW -> OHWI; depthwise [C,1,kh,kw] -> [1,kh,kw,C];
+    transposed [Cin,Cout,kh,kw] -> OHWI of the equivalent stride-1 conv (unflipped, spec §7.9)."""
+    if n.kind == "conv":
+        return np.ascontiguousarray(q.transpose(0, 2, 3, 1))
+    if n.kind == "dwconv":
+        return np.ascontiguousarray(q.transpose(1, 2, 3, 0))
+    if n.kind == "tconv":
+        return np.ascontiguousarray(q[:, :, ::-1, ::-1].transpose(1, 2, 3, 0))
+    raise ValueError(n.kind)
+
+
+def _geom_attrs(n: QNode) -> dict:
+    a = n.attrs
+    kh, kw = a["kernel"]
+    sh, sw = a["strides"]
+    t, l, b, r = a["pads"]
+    out = {"kernel": [int(kw), int(kh)], "stride": [int(sw), int(sh)], "pad": [int(l), int(r), int(t), int(b)],
+           "pad_mode": "FLOOR"}
+    if "dilations" in a:
+        dh, dw = a["dilations"]
+        out["dilation"] = [int(dw), int(dh)]
+    return out
+
+
+class _Builder:
+    def __init__(self, prep: Prepared, qp: QParams):
+        self.prep, self.qp = prep, qp
+        self.g = Graph(prep.name)
+        self.fixed: dict[str, str] = {}     # QNode -> XIR op with its int8 value
+        self.floated: dict[str, str] = {}   # QNode -> XIR op with its float value
+
+    def op(self, name, typ, inputs, attrs, out):
+        return self.g.add_op(name, typ, inputs, attrs, out)
+
+    def fixed_of(self, src: str) -> str:
+        if src in self.fixed:
+            return self.fixed[src]
+        fl = self.floated[src]
+        fp = self.qp.act_fp[src]
+        shape = self.g.ops[fl].output.shape
+        name = f"{src}_float2fix"
+        self.op(name, "float2fix", {"input": [fl]}, {"fix_point": fp, "bit_width": 8, "if_signed": True,
+                                                      "round_mode": "DPU_ROUND"}, fix_tensor(name, shape, fp))
+        self.fixed[src] = name
+        return name
+
+    def float_of(self, src: str) -> str:
+        if src in self.floated:
+            return self.floated[src]
+        fx = self.fixed[src]
+        t = self.g.ops[fx].output
+        name = f"{src}_fix2float"
+        self.op(name, "fix2float", {"input": [fx]}, {"fix_point": t.fix_point, "bit_width": 8, "if_signed": True},
+                float_tensor(name, t.shape))
+        self.floated[src] = name
+        return name
+
+    def const(self, name: str, q: np.ndarray, fp: int):
+        t = fix_tensor(name, q.shape, fp, "PY3_ROUND")
+        self.op(name, "const-fix", {}, {"data": q.astype(np.int8).tobytes(), "data_type": "XINT8",
+                                        "shape": [int(d) for d in q.shape]}, t)
+        return name
+
+    def build(self) -> Graph:
+        for n in self.prep.nodes:
+            getattr(self, "k_" + n.kind)(n)
+        return self.g
+
+    def out_tensor(self, n: QNode) -> Tensor:
+        return fix_tensor(n.name, nhwc(n.shape), self.qp.act_fp[n.name])
+
+    def k_input(self, n: QNode):
+        self.op(n.name, "data-fix", {}, {"shape": nhwc(n.shape), "data_type": "XINT8"}, self.out_tensor(n))
+        self.fixed[n.name] = n.name
+
+    def _conv(self, n: QNode, typ: str):
+        qp = self.qp
+        w = self.const(f"{n.name}_weights", xir_weights(n, qp.w_q[n.name]), qp.w_fp[n.name])
+        b = self.const(f"{n.name}_bias", qp.b_q[n.name].reshape(-1), qp.b_fp[n.name])
+        attrs = _geom_attrs(n)
+        if n.kind == "tconv":
+            attrs["output_padding"] = list(n.attrs.get("output_padding", [0, 0]))
+        attrs["group"] = 1
+        attrs["nonlinear"] = n.act
+        if n.act == "LEAKYRELU":
+            attrs["LEAKYRELU_alpha"] = float(n.attrs.get("alpha") or 26 / 256)
+        self.op(n.name, typ, {"input": [self.fixed_of(n.inputs[0])], "weights": [w], "bias": [b]}, attrs,
+                self.out_tensor(n))
+        self.fixed[n.name] = n.name
+
+    def k_conv(self, n):
+        self._conv(n, "conv2d-fix")
+
+    def k_dwconv(self, n):
+        self._conv(n, "depthwise-conv2d-fix")
+
+    def k_tconv(self, n):
+        self._conv(n, "transposed-conv2d-fix")
+
+    def k_pool(self, n: QNode):
+        a = n.attrs
+        attrs = _geom_attrs(n)
+        attrs.pop("dilation", None)
+        attrs["type"] = a["type"]
+        attrs["global"] = bool(a.get("global", False))
+        if a["type"] == "AVG":
+            attrs["count_include_pad"] = True
+        if a.get("ceil_mode"):
+            attrs["pad_mode"] = "CEIL"
+        self.op(n.name, "pool-fix", {"input": [self.fixed_of(n.inputs[0])]}, attrs, self.out_tensor(n))
+        self.fixed[n.name] = n.name
+
+    def k_eltwise(self, n: QNode):
+        self.op(n.name, "eltwise-fix", {"input": [self.fixed_of(i) for i in n.inputs]},
+                {"type": n.attrs["type"], "nonlinear": n.act}, self.out_tensor(n))
+        self.fixed[n.name] = n.name
+
+    def k_act(self, n: QNode):
+        if n.act == "LEAKYRELU":
+            attrs = {"type": "LEAKY-RELU", "prelu_in": 26, "prelu_shift": 8}
+        else:
+            attrs = {"type": "ADD", "nonlinear": n.act}
+        self.op(n.name, "eltwise-fix", {"input": [self.fixed_of(n.inputs[0])]}, attrs, self.out_tensor(n))
+        self.fixed[n.name] = n.name
+
+    def k_concat(self, n: QNode):
+        axis = _NHWC_AXIS[n.attrs["axis"]] if len(n.shape) == 4 else n.attrs["axis"]
+        self.op(n.name, "concat-fix", {"input": [self.fixed_of(i) for i in n.inputs]}, {"axis": axis},
+                self.out_tensor(n))
+        self.fixed[n.name] = n.name
+
+    def k_upsample(self, n: QNode):
+        sh, sw = n.attrs["scales"]
+        self.op(n.name, "upsample-fix", {"input": [self.fixed_of(n.inputs[0])]},
+                {"mode": "NEAREST", "scale": [float(sw), float(sh)], "align_corners": False,
+                 "half_pixel_centers": False}, self.out_tensor(n))
+        self.fixed[n.name] = n.name
+
+    def k_hsigmoid(self, n: QNode):
+        fin = self.qp.act_fp[n.inputs[0]]
+        fout = self.qp.act_fp[n.name]
+        self.op(n.name, "hard-sigmoid-fix", {"input": [self.fixed_of(n.inputs[0])]},
+                {"hsigmoid_in": fin, "shift_hsigmoid": 14 + fin - fout}, self.out_tensor(n))
+        self.fixed[n.name] = n.name
+
+    def k_reshape(self, n: QNode):
+        shape = nhwc(n.shape)
+        if n.inputs[0] in self.fixed or n.inputs[0] in self.qp.act_fp:
+            self.op(n.name, "reshape-fix", {"input": [self.fixed_of(n.inputs[0])]}, {"shape": shape},
+                    self.out_tensor(n))
+            self.fixed[n.name] = n.name
+        else:
+            self.op(n.name, "reshape", {"input": [self.float_of(n.inputs[0])]}, {"shape": shape},
+                    float_tensor(n.name, shape))
+            self.floated[n.name] = n.name
+
+    def k_float(self, n: QNode):
+        attrs = {"device": "CPU"}
+        oa = n.attrs.get("onnx_attrs", {})
+        if n.attrs["xir_type"] == "softmax":
+            ax = int(oa.get("axis", -1)) % len(n.shape)
+            attrs["axis"] = _NHWC_AXIS[ax] if len(n.shape) == 4 else ax
+        self.op(n.name, n.attrs["xir_type"], {"input": [self.float_of(i) for i in n.inputs]}, attrs,
+                float_tensor(n.name, nhwc(n.shape)))
+        self.floated[n.name] = n.name
+
+
+def build_xmodel(prep: Prepared, qp: QParams) -> Graph:
+    """The quantized graph as an (uncompiled) XIR graph: root subgraph only, as vai_q exports it."""
+    g = _Builder(prep, qp).build()
+    g.attrs.set("origin", "opendpu.quant")
+    g._link_subgraphs()
+    g.validate()
+    return g
