@@ -11,6 +11,7 @@ from compiler.ref.ops import avg_pool_factor
 from quant.prepare import Prepared, QNode
 
 HSIG_A = 2731 / 16384          # the DPU's 1/6 (spec §7.6)
+TIE_BITS = 16                  # QDQ tie-break offset 2^-(fp+16): 1/65536 LSB, one float32 ulp at 64..128 LSB
 OPSET = 17
 
 
@@ -77,9 +78,14 @@ class _Emitter:
 
     def quantize(self, t: str, fp: int, out: str) -> str:
         """The activation quantizer: QDQ (half to even) or the DPU's floor(x·2^fp + 0.5) saturated."""
-        if self.mode == "qdq":
+        if self.mode in ("qdq", "qdq-native"):
             s = self.const(np.array(2.0 ** -fp, np.float32), f"scale_fp{fp}")
             z = self.const(np.array(0, np.int8), "zero_point")
+            if self.mode == "qdq":
+                # DPU rounding is half up; QuantizeLinear rounds half to even. A tie-break offset of 1/4096 LSB
+                # turns exact ties upward and leaves every other value's rounding alone (docs/decisions.md).
+                t = self.node("Add", [t, self.const(np.array(2.0 ** -(fp + TIE_BITS), np.float32),
+                                                    f"tiebreak_fp{fp}")], name=out + "_dpu_round")
             q = self.node("QuantizeLinear", [t, s, z], name=out + "_QuantizeLinear")
             return self.node("DequantizeLinear", [q, s, z], out, name=out + "_DequantizeLinear")
         up = self.const(np.array(2.0 ** fp, np.float32), f"pow2_{fp}")
@@ -100,7 +106,7 @@ class _Emitter:
             return self.const(arr.astype(np.float32), f"{n.name}.{which}")
         q = (qp.w_q if which == "w" else qp.b_q)[n.name]
         fp = (qp.w_fp if which == "w" else qp.b_fp)[n.name]
-        if self.mode == "qdq":
+        if self.mode in ("qdq", "qdq-native"):
             qi = self.const(q.astype(np.int8), f"{n.name}.{'weight' if which == 'w' else 'bias'}_quant")
             s = self.const(np.array(2.0 ** -fp, np.float32), f"scale_fp{fp}")
             z = self.const(np.array(0, np.int8), "zero_point")
@@ -211,15 +217,19 @@ class _Emitter:
                 out = self.quantize(out, self.qp.act_fp[n.name], n.name)
             self.tname[n.name] = out
         outs, seen = [], set()
+
+        def vi(t, name):
+            shp = self.shapes[name]
+            return h.make_tensor_value_info(t, TensorProto.FLOAT, [dims0] + list(shp[1:]) if shp else None)
         for o in prep.outputs:
             if self.tname[o] not in seen:
-                outs.append(h.make_tensor_value_info(self.tname[o], TensorProto.FLOAT, None))
+                outs.append(vi(self.tname[o], o))
                 seen.add(self.tname[o])
         if self.all_outputs:
             for n in prep.nodes:
                 t = self.tname[n.name]
                 if t not in seen and n.kind != "input" or (n.kind == "input" and quant and t not in seen):
-                    outs.append(h.make_tensor_value_info(t, TensorProto.FLOAT, None))
+                    outs.append(vi(t, n.name))
                     seen.add(t)
         g = h.make_graph(self.nodes, prep.name, inputs, outs, self.inits)
         m = h.make_model(g, opset_imports=[h.make_opsetid("", OPSET)], producer_name="opendpu.quant")
@@ -229,9 +239,10 @@ class _Emitter:
 
 def emit_onnx(prep: Prepared, mode: str = "float", qp: QParams | None = None, all_outputs: bool = False,
               batch="N"):
-    """mode 'float' (prepared float model), 'qdq' (QuantizeLinear/DequantizeLinear) or 'dpu' (DPU fake quant).
+    """mode 'float' (prepared float model), 'qdq' (QuantizeLinear/DequantizeLinear with a tie-break offset so ties
+    round up as on the DPU), 'qdq-native' (plain Q/DQ, ties to even) or 'dpu' (DPU fake quant with Floor).
     Graph outputs: the model outputs (named by their QNodes), plus every op output if `all_outputs`."""
-    if mode not in ("float", "qdq", "dpu"):
+    if mode not in ("float", "qdq", "qdq-native", "dpu"):
         raise ValueError(f"unknown ONNX emission mode {mode!r}")
     if mode != "float" and qp is None:
         raise ValueError(f"mode {mode!r} needs quantization parameters")

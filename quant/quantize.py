@@ -282,8 +282,12 @@ class QuantResult:
         names = list(names or self.prep.outputs)
         s = self._sess(mode)
         inp = self.prep.input_nodes[0].name
-        outs = s.run([value_name(self.prep, n, mode) for n in names], {inp: np.asarray(x, np.float32)})
-        return dict(zip(names, outs))
+        x = np.asarray(x, np.float32)
+        ask = [n for n in names if not (n == inp and mode == "float")]
+        outs = dict(zip(ask, s.run([value_name(self.prep, n, mode) for n in ask], {inp: x})))
+        if len(ask) != len(names):
+            outs[inp] = x
+        return {n: outs[n] for n in names}
 
     def int_value(self, name: str, v: np.ndarray) -> np.ndarray:
         fp = self.qp.act_fp[name]
@@ -578,14 +582,14 @@ def _calibrate(prep: Prepared, cfg: QuantConfig, x: np.ndarray, need: list[str],
             continue
         observers[name] = C.make_observer(name, cfg.method, **kw)
     sess = session(emit_onnx(prep, "float", None, all_outputs=True))
-    names = list(observers)
-    onames = [value_name(prep, n, "float") for n in names]
     inp = prep.input_nodes[0].name
+    names = [n for n in observers if n != inp]
+    onames = [value_name(prep, n, "float") for n in names]
     nb = (len(x) + cfg.batch_size - 1) // cfg.batch_size
     for b in range(nb):
         xb = x[b * cfg.batch_size:(b + 1) * cfg.batch_size]
         vals = sess.run(onames, {inp: xb})
-        for n, v in zip(names, vals):
+        for n, v in zip([inp] + names, [xb] + vals):
             try:
                 observers[n].update(v)
             except C.CalibError as e:

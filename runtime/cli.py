@@ -368,6 +368,99 @@ def cmd_targets(a) -> int:
     return 0
 
 
+# ---- quantize / inspect / zoo ---------------------------------------------------------------------
+def _npz_or_npy(path: str):
+    """(x, y or None) from an .npz (arrays 'x' and optional 'y') or an .npy / folder of .npy."""
+    from quant.quantize import calib_arrays
+    if path.endswith(".npz") and os.path.isfile(path):
+        z = np.load(path)
+        if "x" not in z:
+            raise CliError(f"{path}: needs an array named 'x' (and optionally labels 'y'); has {list(z.keys())}")
+        return z["x"], (z["y"] if "y" in z else None)
+    return path, None
+
+
+def cmd_quantize(a) -> int:
+    from quant.quantize import QuantConfig, calib_arrays, quantize
+    cfg = QuantConfig(method=a.method, weight_method=a.weight_method, statistic=a.statistic,
+                      percentile=a.percentile, batch_size=a.batch_size, calib_limit=a.calib_limit,
+                      replace_sigmoid=a.replace_sigmoid, bias_corr=a.bias_corr, fast_finetune=a.fast_finetune,
+                      seed=a.seed)
+    calib, _ = _npz_or_npy(a.calib)
+    t0 = time.perf_counter()
+    last = [0.0]
+
+    def progress(i, n):
+        now = time.perf_counter()
+        if now - last[0] > 2 or i == n:
+            last[0] = now
+            print(f"  calibration batch {i}/{n}", file=sys.stderr)
+    res = quantize(a.model, calib, target=a.target, config=cfg, quant_info=a.quant_info, progress=progress)
+    x = calib_arrays(calib, res.prep.input_nodes[0].shape, cfg.calib_limit)
+    ev = None
+    if a.evaluate:
+        ex, ey = _npz_or_npy(a.evaluate)
+        ex = calib_arrays(ex, res.prep.input_nodes[0].shape)
+        ev = res.evaluate(ex, ey)
+    paths = res.write(a.output, calib_x=x, evaluate=ev)
+    dt = time.perf_counter() - t0
+    nodes = res.prep.nodes
+    cpu = [n for n in nodes if n.device == "CPU"]
+    print(f"quantized {a.model} ({len(nodes)} ops, {len(cpu)} on the CPU) with method {cfg.method} on "
+          f"{res.calib_samples} calibration samples in {dt:.1f} s")
+    for n in cpu:
+        print(f"  CPU  {n.name}: {n.reason}")
+    for note in res.notes:
+        print(f"  {note}")
+    if ev:
+        print("  evaluate: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in ev.items()))
+    for k in ("xmodel", "onnx", "quant_info", "golden", "report"):
+        if k in paths:
+            print(f"  {k:10s} {paths[k]}")
+    return 0
+
+
+def cmd_inspect(a) -> int:
+    from quant.inspect import format_inspect, inspect_model
+    if a.image_format and a.image_format not in ("svg", "png"):
+        raise CliError(f"INSPECTOR_OUTPUT_FORMAT: image format {a.image_format!r}; use svg or png")
+    t, prep, rows = inspect_model(a.model, a.target)
+    text = format_inspect(t, prep, rows, a.verbose)
+    if a.verbose:
+        print(text, end="")
+    os.makedirs(a.output, exist_ok=True)
+    path = os.path.join(a.output, f"inspect_{t.name}.txt")
+    with open(path, "w") as f:
+        f.write(format_inspect(t, prep, rows, 2))
+    cpu = sum(p.device == "CPU" for _, p in rows)
+    print(f"{len(rows)} ops: {len(rows) - cpu} DPU/USER, {cpu} CPU; details in {path}")
+    return 0
+
+
+def cmd_zoo(a) -> int:
+    from quant import zoo
+    names = a.names or list(zoo.NAMES)
+    for n in names:
+        if n not in zoo.NAMES:
+            raise CliError(f"unknown zoo model {n!r}; choose from {', '.join(zoo.NAMES)}")
+    rows = zoo.summary(names, a.size)
+    print(f"{'model':14s} {'input':16s} {'GMACs':>7s} {'GOPs':>7s} {'params':>11s} {'published GOPs':>14s} "
+          f"{'published params':>16s}")
+    for r in rows:
+        pg = r.get("published_gops")
+        pp = r.get("published_params")
+        print(f"{r['name']:14s} {r['input']:16s} {r['macs'] / 1e9:7.3f} {r['gops']:7.3f} {r['params']:11,d} "
+              f"{(f'{pg:.3f}' if pg else '-'):>14s} {(f'{pp:,}' if pp else '-'):>16s}")
+    if a.export:
+        import onnx
+        os.makedirs(a.export, exist_ok=True)
+        for n in names:
+            p = os.path.join(a.export, f"{n}.onnx")
+            onnx.save(zoo.build(n, a.size), p)
+            print(f"  wrote {p}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="opendpu", description="Open emulator of the AMD DPUCZDX8G (ISA1)")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -431,6 +524,38 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--waves", metavar="DIR", nargs="?", const="waveforms",
                     help="on a mismatch, dump a VCD window around the first divergence into DIR (default waveforms/)")
     cs.set_defaults(fn=cmd_cosim)
+    q = sub.add_parser("quantize", help="INT8 power-of-two post-training quantization (vai_q semantics)")
+    q.add_argument("model", help="float ONNX model (opset 13+)")
+    q.add_argument("--calib", required=True, help="calibration data: .npy [N,C,H,W], .npz ('x'), or a folder of .npy")
+    q.add_argument("--method", default="diffs", choices=("maxmin", "percentile", "mse", "entropy", "diffs"),
+                   help="activation calibration method (default diffs, as vai_q_pytorch)")
+    q.add_argument("--weight-method", choices=("maxmin", "diffs", "mse"), help="weights/bias method")
+    q.add_argument("--statistic", choices=("modal", "max", "mean", "median"), help="per-batch reduction for diffs")
+    q.add_argument("--percentile", type=float, default=99.9999)
+    q.add_argument("--target", help="preset name, fingerprint or arch.json: DPU/CPU placement and its reasons")
+    q.add_argument("-o", "--output", default="quantize_result", help="output directory (written atomically)")
+    q.add_argument("--quant-info", help="reuse the fix points of this quant_info.json (skip calibration)")
+    q.add_argument("--batch-size", type=int, default=8)
+    q.add_argument("--calib-limit", type=int, help="use at most N calibration samples")
+    q.add_argument("--replace-sigmoid", action="store_true", help="sigmoid -> hard-sigmoid")
+    q.add_argument("--bias-corr", action="store_true", help="bias correction")
+    q.add_argument("--fast-finetune", action="store_true", help="layer-wise AdaQuant-style fast finetune")
+    q.add_argument("--evaluate", help="dataset (.npz with x and optional labels y): float vs quantized")
+    q.add_argument("--seed", type=int, default=0)
+    q.set_defaults(fn=cmd_quantize)
+    ip = sub.add_parser("inspect", help="DPU/CPU placement of every op of a float ONNX model, with reasons")
+    ip.add_argument("model")
+    ip.add_argument("--target", required=True, help="preset name, fingerprint or arch.json")
+    ip.add_argument("-o", "--output", default="quantize_result", help="directory for inspect_<target>.txt")
+    ip.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
+                    help="0 quiet, 1 CPU ops (default), 2 every op")
+    ip.add_argument("--image-format", help="svg or png (graph images are not generated; accepted for vai_q parity)")
+    ip.set_defaults(fn=cmd_inspect)
+    z = sub.add_parser("zoo", help="model zoo: MACs/GOPs/params of the generated topologies; export ONNX")
+    z.add_argument("names", nargs="*")
+    z.add_argument("--size", type=int, help="input size (default: the published one)")
+    z.add_argument("--export", metavar="DIR", help="write the float ONNX models here")
+    z.set_defaults(fn=cmd_zoo)
     t = sub.add_parser("targets", help="list the ISA1 presets")
     t.add_argument("--json", action="store_true")
     t.set_defaults(fn=cmd_targets)
@@ -447,12 +572,16 @@ def main(argv: list[str] | None = None) -> int:
     from sim.timing import DeadlockError, WatchdogError
     from hw.params import HwError
     args = build_parser().parse_args(argv)
+    errors = (CliError, XModelError, IsaError, TargetError, RuntimeErrorDPU, OpError, ExecError, DeadlockError,
+              WatchdogError, HwError)
+    if args.cmd in ("quantize", "inspect", "zoo"):
+        from quant.onnx_in import QuantError
+        errors = errors + (QuantError,)
     try:
         return int(args.fn(args) or 0)
     except BrokenPipeError:
         return 0
-    except (CliError, XModelError, IsaError, TargetError, RuntimeErrorDPU, OpError, ExecError, DeadlockError,
-            WatchdogError, HwError) as e:
+    except errors as e:
         print(f"opendpu {args.cmd}: error: {e}", file=sys.stderr)
         return 2
 

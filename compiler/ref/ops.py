@@ -1011,4 +1011,7 @@ def _op_leaky_relu(ctx: _Ctx) -> np.ndarray:
     return np.where(x < 0, x * alpha, x).astype(np.float32)
 
 
+# float (CPU) ops live in float_ops.py; importing it registers their handlers
+from compiler.ref import float_ops as _float_ops  # noqa: E402,F401
+
 SUPPORTED: frozenset[str] = frozenset(_HANDLERS)

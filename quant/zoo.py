@@ -1,0 +1,405 @@
+"""Model zoo: standard DPU benchmark topologies generated in code as float ONNX (opset 17) with deterministic
+random weights, their MAC/parameter counts checked against published figures, and the load_digits data set."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+NAMES = ("resnet18", "resnet50", "mobilenet_v1", "mobilenet_v2", "squeezenet", "inception_v1", "tiny_yolo")
+DEFAULT_SIZE = {"resnet18": 224, "resnet50": 224, "mobilenet_v1": 224, "mobilenet_v2": 224, "squeezenet": 224,
+                "inception_v1": 224, "tiny_yolo": 416}
+DIGITS_ONNX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "digits_cnn.onnx")
+
+# Published compute and size of each model at its default input size. "macs" are multiply-accumulates
+# (gops = 2 * macs / 1e9), "params" counts learnable parameters (conv/fc weights and biases + BN gamma/beta,
+# no BN running statistics), as torchvision does.
+# Sources:
+#  - torchvision weight metadata (torchvision/models/*.py, `num_params` and `_ops`; the docs' "GFLOPS" column
+#    is this `_ops` value and is in fact GMACs): resnet18 1.814 / 11,689,512; resnet50 4.089 / 25,557,032;
+#    mobilenet_v2 0.301 / 3,504,872; squeezenet1_1 0.349 / 1,235,496 (at 224); googlenet 1.498 / 6,624,904.
+#  - MobileNet v1: Howard et al. 2017 (arXiv:1704.04861): 1.0 MobileNet-224 has 569 M mult-adds and 4.2 M parameters.
+#  - tiny-YOLOv3: darknet (pjreddie.com/darknet/yolo) lists 5.56 Bn FLOPs at 416 (darknet counts 2*MACs);
+#    the Hailo model zoo lists tiny_yolov3 at 416x416 with 8.85 M parameters (and 5.58 G ops).
+#  - vitis_ai: the matching Vitis AI model-zoo entry (name ends in its GOPs = 2*MACs for that variant). These are
+#    different trainings/frameworks (caffe/TF variants, dk_tiny-yolov3 is a private-data model), so they are
+#    listed for reference only and not used for the check.
+PUBLISHED: dict[str, dict] = {
+    "resnet18": {"macs": 1_814_000_000, "params": 11_689_512, "source": "torchvision ResNet18_Weights.IMAGENET1K_V1",
+                 "vitis_ai": "cf_resnet18_imagenet_224_224_3.65G"},
+    "resnet50": {"macs": 4_089_000_000, "params": 25_557_032, "source": "torchvision ResNet50_Weights.IMAGENET1K_V1",
+                 "vitis_ai": "pt_resnet50_imagenet_224_224_8.2G"},
+    "mobilenet_v1": {"macs": 569_000_000, "params": 4_200_000, "source": "Howard et al. 2017 (arXiv:1704.04861)",
+                     "vitis_ai": "tf_mobilenetv1_1.0_imagenet_224_224_1.14G"},
+    "mobilenet_v2": {"macs": 301_000_000, "params": 3_504_872,
+                     "source": "torchvision MobileNet_V2_Weights.IMAGENET1K_V1",
+                     "vitis_ai": "tf_mobilenetv2_1.0_imagenet_224_224_0.59G"},
+    "squeezenet": {"macs": 349_000_000, "params": 1_235_496, "source": "torchvision SqueezeNet1_1_Weights (224)",
+                   "vitis_ai": "pt_squeezenet_imagenet_224_224_703.5M"},
+    "inception_v1": {"macs": 1_498_000_000, "params": 6_624_904, "source": "torchvision GoogLeNet_Weights (no aux)",
+                     "vitis_ai": "tf_inceptionv1_imagenet_224_224_3G"},
+    "tiny_yolo": {"macs": 2_780_000_000, "params": 8_850_000,
+                  "source": "darknet yolov3-tiny 5.56 BFLOPs; Hailo model zoo tiny_yolov3 8.85 M params",
+                  "vitis_ai": "dk_tiny-yolov3_416_416_5.46G"},
+}
+for _p in PUBLISHED.values():
+    _p["gops"] = 2 * _p["macs"] / 1e9
+del _p
+
+
+class _Builder:
+    """Accumulates nodes and initializers with unique readable names and deterministic random weights."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.names: set[str] = set()
+        self.consts: dict[str, str] = {}
+
+    def init(self, name: str, arr: np.ndarray) -> str:
+        if name in self.names:
+            raise ValueError(f"duplicate name {name}")
+        self.names.add(name)
+        self.inits.append(numpy_helper.from_array(np.array(arr, dtype=np.float32, order="C"), name))
+        return name
+
+    def const(self, name: str, value) -> str:
+        """Shared scalar/vector constant (Clip bounds, Dropout ratio, Resize scales)."""
+        if name not in self.consts:
+            self.consts[name] = self.init(name, np.asarray(value, dtype=np.float32))
+        return self.consts[name]
+
+    def node(self, op: str, inputs: list[str], name: str, output: str | None = None, **attrs) -> str:
+        if name in self.names:
+            raise ValueError(f"duplicate name {name}")
+        self.names.add(name)
+        out = output or name
+        if out != name:
+            self.names.add(out)
+        self.nodes.append(helper.make_node(op, inputs, [out], name=name, **attrs))
+        return out
+
+    def conv(self, x, cin, cout, k, name, stride=1, pad=0, group=1, bias=False, gain=2.0, output=None):
+        fan_in = cin // group * k * k
+        w = self.rng.standard_normal((cout, cin // group, k, k)) * math.sqrt(gain / fan_in)
+        ins = [x, self.init(name + ".weight", w)]
+        if bias:
+            ins.append(self.init(name + ".bias", self.rng.uniform(-0.1, 0.1, cout)))
+        return self.node("Conv", ins, name, output, kernel_shape=[k, k], strides=[stride, stride],
+                         pads=[pad] * 4, group=group, dilations=[1, 1])
+
+    def bn(self, x, c, name, gamma=(0.5, 1.5), eps=1e-5):
+        g = self.init(name + ".weight", self.rng.uniform(gamma[0], gamma[1], c))
+        b = self.init(name + ".bias", self.rng.uniform(-0.1, 0.1, c))
+        m = self.init(name + ".running_mean", self.rng.uniform(-0.1, 0.1, c))
+        v = self.init(name + ".running_var", self.rng.uniform(0.5, 2.0, c))
+        return self.node("BatchNormalization", [x, g, b, m, v], name, epsilon=eps, momentum=0.9)
+
+    def relu(self, x, name):
+        return self.node("Relu", [x], name)
+
+    def relu6(self, x, name):
+        return self.node("Clip", [x, self.const("relu6.min", 0.0), self.const("relu6.max", 6.0)], name)
+
+    def leaky(self, x, name):
+        return self.node("LeakyRelu", [x], name, alpha=0.1)
+
+    def maxpool(self, x, name, k, s, pads=(0, 0, 0, 0), ceil=0):
+        return self.node("MaxPool", [x], name, kernel_shape=[k, k], strides=[s, s], pads=list(pads),
+                         ceil_mode=ceil)
+
+    def dropout(self, x, name, ratio):
+        return self.node("Dropout", [x, self.const(f"dropout.ratio{ratio:g}", ratio)], name)
+
+    def head(self, x, cin, ncls=1000, dropout=None):
+        """GlobalAveragePool -> Flatten -> [Dropout] -> Gemm named 'fc' with output 'output' (torchvision order)."""
+        x = self.node("GlobalAveragePool", [x], "avgpool")
+        x = self.node("Flatten", [x], "flatten", axis=1)
+        if dropout is not None:
+            x = self.dropout(x, "dropout", dropout)
+        w = self.init("fc.weight", self.rng.standard_normal((ncls, cin)) * math.sqrt(1.0 / cin))
+        b = self.init("fc.bias", self.rng.uniform(-0.1, 0.1, ncls))
+        return self.node("Gemm", [x, w, b], "fc", "output", transB=1)
+
+    def conv_bn(self, x, cin, cout, k, name, act="relu", stride=1, pad=None, group=1, gain=2.0, gamma=(0.5, 1.5),
+                eps=1e-5, conv_name=None, bn_name=None, act_name=None):
+        pad = k // 2 if pad is None else pad
+        x = self.conv(x, cin, cout, k, conv_name or name + ".conv", stride, pad, group, gain=gain)
+        x = self.bn(x, cout, bn_name or name + ".bn", gamma=gamma, eps=eps)
+        if act == "relu":
+            x = self.relu(x, act_name or name + ".relu")
+        elif act == "relu6":
+            x = self.relu6(x, act_name or name + ".relu6")
+        elif act == "leaky":
+            x = self.leaky(x, act_name or name + ".leaky")
+        return x
+
+
+# ---------------------------------------------------------------------------------------------------- topologies
+def _resnet(b: _Builder, x: str, bottleneck: bool, layers: tuple[int, ...]) -> str:
+    x = b.conv_bn(x, 3, 64, 7, "", stride=2, pad=3, gain=1.0, conv_name="conv1", bn_name="bn1", act_name="relu")
+    x = b.maxpool(x, "maxpool", 3, 2, (1, 1, 1, 1))
+    cin, exp = 64, (4 if bottleneck else 1)
+    res_gamma = (0.2, 0.5)  # last BN of each block: keeps the residual stream O(1) through the depth
+    for li, (n, width) in enumerate(zip(layers, (64, 128, 256, 512)), 1):
+        for bi in range(n):
+            p, s = f"layer{li}.{bi}", (2 if li > 1 and bi == 0 else 1)
+            cout = width * exp
+            if bottleneck:  # torchvision v1.5: stride on the 3x3
+                y = b.conv_bn(x, cin, width, 1, p, conv_name=p + ".conv1", bn_name=p + ".bn1", act_name=p + ".relu1")
+                y = b.conv_bn(y, width, width, 3, p, stride=s, conv_name=p + ".conv2", bn_name=p + ".bn2",
+                              act_name=p + ".relu2")
+                y = b.conv_bn(y, width, cout, 1, p, act=None, gamma=res_gamma, conv_name=p + ".conv3",
+                              bn_name=p + ".bn3")
+            else:
+                y = b.conv_bn(x, cin, width, 3, p, stride=s, conv_name=p + ".conv1", bn_name=p + ".bn1",
+                              act_name=p + ".relu1")
+                y = b.conv_bn(y, width, cout, 3, p, act=None, gamma=res_gamma, conv_name=p + ".conv2",
+                              bn_name=p + ".bn2")
+            if s != 1 or cin != cout:
+                x = b.conv_bn(x, cin, cout, 1, p, act=None, stride=s, conv_name=p + ".downsample.0",
+                              bn_name=p + ".downsample.1")
+            x = b.node("Add", [x, y], p + ".add")
+            x = b.relu(x, p + ".relu")
+            cin = cout
+    return b.head(x, cin)
+
+
+def _mobilenet_v1(b: _Builder, x: str):
+    x = b.conv_bn(x, 3, 32, 3, "features.0", stride=2, gain=1.0)
+    cfg = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2)] + [(512, 1)] * 5 + [(1024, 2), (1024, 1)]
+    cin = 32
+    for i, (cout, s) in enumerate(cfg, 1):
+        x = b.conv_bn(x, cin, cin, 3, f"features.{i}.dw", stride=s, group=cin)
+        x = b.conv_bn(x, cin, cout, 1, f"features.{i}.pw")
+        cin = cout
+    return b.head(x, cin)
+
+
+def _mobilenet_v2(b: _Builder, x: str):
+    x = b.conv_bn(x, 3, 32, 3, "features.0", act="relu6", stride=2, gain=1.0)
+    settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                (6, 320, 1, 1)]
+    cin, i = 32, 1
+    for t, c, n, s in settings:
+        for j in range(n):
+            stride, p, hid = (s if j == 0 else 1), f"features.{i}", cin * t
+            res = stride == 1 and cin == c
+            y = x
+            if t != 1:
+                y = b.conv_bn(y, cin, hid, 1, p + ".expand", act="relu6", gain=1.0)
+            y = b.conv_bn(y, hid, hid, 3, p + ".dw", act="relu6", stride=stride, group=hid)
+            y = b.conv_bn(y, hid, c, 1, p + ".project", act=None, gamma=(0.2, 0.5) if res else (0.5, 1.5))
+            x = b.node("Add", [x, y], p + ".add") if res else y
+            cin, i = c, i + 1
+    x = b.conv_bn(x, cin, 1280, 1, f"features.{i}", act="relu6", gain=1.0)
+    return b.head(x, 1280, dropout=0.2)
+
+
+def _squeezenet(b: _Builder, x: str):
+    def fire(x, cin, sq, e1, e3, p):
+        s = b.relu(b.conv(x, cin, sq, 1, p + ".squeeze", bias=True), p + ".squeeze_activation")
+        a = b.relu(b.conv(s, sq, e1, 1, p + ".expand1x1", bias=True), p + ".expand1x1_activation")
+        c = b.relu(b.conv(s, sq, e3, 3, p + ".expand3x3", pad=1, bias=True), p + ".expand3x3_activation")
+        return b.node("Concat", [a, c], p + ".concat", axis=1), e1 + e3
+
+    x = b.relu(b.conv(x, 3, 64, 3, "features.0", stride=2, bias=True, gain=1.0), "features.1")
+    x = b.maxpool(x, "features.2", 3, 2, ceil=1)
+    cin = 64
+    for i, cfg in [(3, (16, 64, 64)), (4, (16, 64, 64)), (5, None), (6, (32, 128, 128)), (7, (32, 128, 128)),
+                   (8, None), (9, (48, 192, 192)), (10, (48, 192, 192)), (11, (64, 256, 256)),
+                   (12, (64, 256, 256))]:
+        if cfg is None:
+            x = b.maxpool(x, f"features.{i}", 3, 2, ceil=1)
+        else:
+            x, cin = fire(x, cin, *cfg, f"features.{i}")
+    x = b.dropout(x, "classifier.0", 0.5)
+    x = b.relu(b.conv(x, cin, 1000, 1, "classifier.1", bias=True), "classifier.2")
+    x = b.node("GlobalAveragePool", [x], "classifier.3")
+    return b.node("Flatten", [x], "flatten", "output", axis=1)
+
+
+def _inception_v1(b: _Builder, x: str):
+    def basic(x, cin, cout, k, name, stride=1, gain=2.0):
+        return b.conv_bn(x, cin, cout, k, name, stride=stride, gain=gain, eps=1e-3)
+
+    def inception(x, cin, c1, c3r, c3, c5r, c5, pp, p):
+        b1 = basic(x, cin, c1, 1, p + ".branch1")
+        b2 = basic(basic(x, cin, c3r, 1, p + ".branch2.0"), c3r, c3, 3, p + ".branch2.1")
+        b3 = basic(basic(x, cin, c5r, 1, p + ".branch3.0"), c5r, c5, 3, p + ".branch3.1")  # 3x3 as in torchvision
+        b4 = b.maxpool(x, p + ".branch4.0", 3, 1, (1, 1, 1, 1), ceil=1)
+        b4 = basic(b4, cin, pp, 1, p + ".branch4.1")
+        return b.node("Concat", [b1, b2, b3, b4], p + ".concat", axis=1), c1 + c3 + c5 + pp
+
+    x = basic(x, 3, 64, 7, "conv1", stride=2, gain=1.0)
+    x = b.maxpool(x, "maxpool1", 3, 2, ceil=1)
+    x = basic(x, 64, 64, 1, "conv2")
+    x = basic(x, 64, 192, 3, "conv3")
+    x = b.maxpool(x, "maxpool2", 3, 2, ceil=1)
+    cin = 192
+    for name, cfg in [("inception3a", (64, 96, 128, 16, 32, 32)), ("inception3b", (128, 128, 192, 32, 96, 64)),
+                      ("maxpool3", 3), ("inception4a", (192, 96, 208, 16, 48, 64)),
+                      ("inception4b", (160, 112, 224, 24, 64, 64)), ("inception4c", (128, 128, 256, 24, 64, 64)),
+                      ("inception4d", (112, 144, 288, 32, 64, 64)), ("inception4e", (256, 160, 320, 32, 128, 128)),
+                      ("maxpool4", 2), ("inception5a", (256, 160, 320, 32, 128, 128)),
+                      ("inception5b", (384, 192, 384, 48, 128, 128))]:
+        if isinstance(cfg, int):
+            x = b.maxpool(x, name, cfg, 2, ceil=1)
+        else:
+            x, cin = inception(x, cin, *cfg, name)
+    return b.head(x, cin, dropout=0.2)  # torchvision: avgpool, flatten, dropout, fc
+
+
+def _tiny_yolo(b: _Builder, x: str, ncls: int = 80):
+    nout = 3 * (ncls + 5)
+
+    def cbl(x, cin, cout, k, i, gain=2.0):
+        return b.conv_bn(x, cin, cout, k, f"layer{i}", act="leaky", gain=gain)
+
+    x = cbl(x, 3, 16, 3, 0, gain=1.0)
+    cin, i = 16, 1
+    for cout in (32, 64, 128, 256, 512):
+        x = b.maxpool(x, f"layer{i}.maxpool", 2, 2)
+        x = cbl(x, cin, cout, 3, i + 1)
+        cin, i = cout, i + 2
+        if cout == 256:
+            route8 = x
+    x = b.maxpool(x, "layer11.maxpool", 2, 1, (0, 0, 1, 1))
+    x = cbl(x, 512, 1024, 3, 12)
+    r13 = cbl(x, 1024, 256, 1, 13)
+    x = cbl(r13, 256, 512, 3, 14)
+    b.conv(x, 512, nout, 1, "layer15.conv", bias=True, output="output0")
+    x = cbl(r13, 256, 128, 1, 18)  # layer 17 is "route -4" (= layer 13)
+    x = b.node("Resize", [x, "", b.const("upsample.scales", [1.0, 1.0, 2.0, 2.0])], "layer19.upsample",
+               mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    x = b.node("Concat", [x, route8], "layer20.route", axis=1)
+    x = cbl(x, 384, 256, 3, 21)
+    b.conv(x, 256, nout, 1, "layer22.conv", bias=True, output="output1")
+    return ["output0", "output1"]
+
+
+_BUILDERS = {
+    "resnet18": lambda b, x: _resnet(b, x, False, (2, 2, 2, 2)),
+    "resnet50": lambda b, x: _resnet(b, x, True, (3, 4, 6, 3)),
+    "mobilenet_v1": _mobilenet_v1,
+    "mobilenet_v2": _mobilenet_v2,
+    "squeezenet": _squeezenet,
+    "inception_v1": _inception_v1,
+    "tiny_yolo": _tiny_yolo,
+}
+
+
+def build(name: str, input_size: int | None = None, seed: int = 0) -> onnx.ModelProto:
+    """Float32 NCHW ONNX model of topology `name` (input "input" [1,3,S,S]) with weights from default_rng(seed)."""
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown model {name!r}; allowed names: {', '.join(NAMES)}")
+    size = DEFAULT_SIZE[name] if input_size is None else int(input_size)
+    if size < 32:
+        raise ValueError(f"input_size must be >= 32, got {size}")
+    b = _Builder(np.random.default_rng(seed))
+    _BUILDERS[name](b, "input")
+    outs = ["output0", "output1"] if name == "tiny_yolo" else ["output"]
+    graph = helper.make_graph(
+        b.nodes, name, [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], initializer=b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="opendpu.quant.zoo")
+    model.ir_version = 8
+    shapes = _shapes(model)
+    for o in model.graph.output:
+        o.CopyFrom(helper.make_tensor_value_info(o.name, TensorProto.FLOAT, shapes[o.name]))
+    return model
+
+
+# -------------------------------------------------------------------------------------------------------- counting
+def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Static shapes of every tensor in the graph, via onnx shape inference (initializers included)."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    g = inferred.graph
+    out = {t.name: list(t.dims) for t in g.initializer}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        if vi.type.tensor_type.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+            out[vi.name] = dims
+    return out
+
+
+def count(model: onnx.ModelProto) -> dict:
+    """MACs and parameters computed from the ONNX graph (shape inference), not from builder bookkeeping.
+
+    macs: Conv = out_elems * (Cin/group) * kh * kw; Gemm/MatMul = M * N * K (batch dims multiplied in).
+    params: elements of the Conv/Gemm/MatMul weight and bias initializers plus BatchNormalization scale (gamma)
+    and B (beta); BN running mean/var are not counted (as torchvision's num_params counts only parameters).
+    """
+    shapes = _shapes(model)
+    inits = {t.name for t in model.graph.initializer}
+
+    def shape(name, node):
+        s = shapes.get(name)
+        if s is None or any(d is None or d <= 0 for d in s):
+            raise ValueError(f"node {node.name or node.op_type}: no static shape for {name!r}")
+        return s
+
+    macs, counted = 0, set()
+    for node in model.graph.node:
+        if node.op_type == "Conv":
+            w = shape(node.input[1], node)
+            macs += math.prod(shape(node.output[0], node)) * math.prod(w[1:])
+            pin = node.input[1:3]
+        elif node.op_type == "Gemm":
+            a = {at.name: helper.get_attribute_value(at) for at in node.attribute}
+            sa = shape(node.input[0], node)
+            k = sa[0] if a.get("transA", 0) else sa[1]
+            macs += math.prod(shape(node.output[0], node)) * k
+            pin = node.input[1:3]
+        elif node.op_type == "MatMul":
+            sa = shape(node.input[0], node)
+            macs += math.prod(shape(node.output[0], node)) * sa[-1]
+            pin = node.input[0:2]
+        elif node.op_type == "BatchNormalization":
+            pin = node.input[1:3]
+        else:
+            continue
+        for p in pin:
+            if p and p in inits and p not in counted:
+                counted.add(p)
+    params = sum(math.prod(shapes[p]) for p in counted)
+    return {"macs": int(macs), "gops": 2 * macs / 1e9, "params": int(params)}
+
+
+def summary(names=None, input_size=None) -> list[dict]:
+    """One row per model: counted MACs/GOPs/params at `input_size` (default: each model's own) and published values."""
+    rows = []
+    for n in names or NAMES:
+        m = build(n, input_size)
+        dims = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
+        c = count(m)
+        rows.append({"name": n, "input": "x".join(map(str, dims)), **c,
+                     "published_gops": PUBLISHED[n]["gops"], "published_params": PUBLISHED[n]["params"]})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------- digits
+def digits_data() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """sklearn load_digits as float32 NCHW [N,1,8,8] in [-1,1] (pixel/8 - 1) with a fixed stratified 70/30 split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    x = (d.images.astype(np.float32) / 8.0 - 1.0)[:, None, :, :]
+    y = d.target.astype(np.int64)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.3, random_state=0, stratify=y)
+    return (np.ascontiguousarray(x_tr), np.ascontiguousarray(y_tr), np.ascontiguousarray(x_te),
+            np.ascontiguousarray(y_te))
+
+
+if __name__ == "__main__":
+    for r in summary():
+        print(f"{r['name']:13s} {r['input']:12s} MACs {r['macs'] / 1e6:9.2f} M "
+              f"(pub {r['published_gops'] / 2 * 1e3:8.2f})  params {r['params']:>10,d} "
+              f"(pub {r['published_params']:>10,d})")

@@ -1,0 +1,318 @@
+"""The quantizer: preparation against the float model, golden (ONNX fake-quant) against the integer reference
+runner, QDQ export against the reference, hand-computed fix points, constraints, quant_info, bad input."""
+import json
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from compiler.xir.graph import Graph
+from quant.emit import emit_onnx, session
+from quant.onnx_in import QuantError
+from quant.quantize import QuantConfig, quantize
+from runtime.cli import main as cli
+from runtime.runner import GraphRunner
+
+
+def _model(nodes, inits, in_shape, out_names, name="m"):
+    rng_inits = [nh.from_array(np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else np.asarray(v), k)
+                 for k, v in inits.items()]
+    g = h.make_graph(nodes, name, [h.make_tensor_value_info("x", T.FLOAT, in_shape)], [], rng_inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(m).graph.value_info}
+    for o in out_names:
+        m.graph.output.append(inferred[o])
+    onnx.checker.check_model(m)
+    return m
+
+
+def rich_model(seed=0):
+    """conv+BN+ReLU, maxpool, residual add+ReLU, depthwise, concat, 1x1 conv + LeakyReLU(0.1), hard-swish in the
+    x*clip(x+3,0,6)/6 form, squeeze-excite (GAP, 1x1 convs, hard-sigmoid, channel Mul), nearest upsample,
+    ConvTranspose, 3x3 avg pool, GAP, Flatten, Gemm."""
+    r = np.random.default_rng(seed)
+    n = r.normal
+    inits = {"w1": n(0, .3, (8, 3, 3, 3)), "g": r.uniform(.5, 1.5, 8), "b": n(0, .1, 8), "m": n(0, .1, 8),
+             "v": r.uniform(.5, 2, 8), "w2": n(0, .2, (8, 8, 3, 3)), "b2": n(0, .1, 8), "dw": n(0, .5, (8, 1, 3, 3)),
+             "w3": n(0, .2, (8, 16, 1, 1)), "three": np.array(3.0), "zero": np.array(0.0), "six": np.array(6.0),
+             "se1": n(0, .3, (4, 8, 1, 1)), "se1b": n(0, .1, 4), "se2": n(0, .3, (8, 4, 1, 1)), "se2b": n(0, .1, 8),
+             "tw": n(0, .3, (8, 4, 2, 2)), "tb": n(0, .1, 4), "fc": n(0, .2, (10, 4)), "fcb": n(0, .1, 10)}
+    N = h.make_node
+    nodes = [N("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             N("BatchNormalization", ["c1", "g", "b", "m", "v"], ["bn1"], name="bn1"),
+             N("Relu", ["bn1"], ["r1"], name="relu1"),
+             N("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2], name="pool1"),
+             N("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             N("Add", ["c2", "p1"], ["a2"], name="add2"), N("Relu", ["a2"], ["r2"], name="relu2"),
+             N("Conv", ["r2", "dw"], ["d3"], pads=[1, 1, 1, 1], group=8, name="dw3"),
+             N("Concat", ["r2", "d3"], ["cat"], axis=1, name="cat"),
+             N("Conv", ["cat", "w3"], ["c4"], name="conv4"),
+             N("LeakyRelu", ["c4"], ["l4"], alpha=0.1, name="leaky4"),
+             N("Add", ["l4", "three"], ["hs_a"], name="hs_add"), N("Clip", ["hs_a", "zero", "six"], ["hs_c"], name="hs_clip"),
+             N("Div", ["hs_c", "six"], ["hs_d"], name="hs_div"), N("Mul", ["l4", "hs_d"], ["hsw"], name="hswish"),
+             N("GlobalAveragePool", ["hsw"], ["se_p"], name="se_pool"),
+             N("Conv", ["se_p", "se1", "se1b"], ["se_c1"], name="se_fc1"), N("Relu", ["se_c1"], ["se_r"], name="se_relu"),
+             N("Conv", ["se_r", "se2", "se2b"], ["se_c2"], name="se_fc2"),
+             N("HardSigmoid", ["se_c2"], ["se_s"], alpha=1 / 6, beta=0.5, name="se_hsig"),
+             N("Mul", ["hsw", "se_s"], ["se_o"], name="se_scale"),
+             N("Resize", ["se_o", "", "scales"], ["up"], mode="nearest", coordinate_transformation_mode="asymmetric",
+               nearest_mode="floor", name="up"),
+             N("ConvTranspose", ["up", "tw", "tb"], ["tc"], strides=[2, 2], name="tconv"),
+             N("AveragePool", ["tc"], ["ap"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+               count_include_pad=1, name="avgpool"),
+             N("GlobalAveragePool", ["ap"], ["gap"], name="gap"), N("Flatten", ["gap"], ["fl"], name="flat"),
+             N("Gemm", ["fl", "fc", "fcb"], ["y"], transB=1, name="fc")]
+    inits["scales"] = np.array([1, 1, 2, 2], np.float32)
+    return _model(nodes, inits, [1, 3, 16, 16], ["y"], "rich")
+
+
+def calib(n=24, seed=1, shape=(3, 16, 16)):
+    return np.random.default_rng(seed).normal(0, 1, (n,) + shape).astype(np.float32)
+
+
+def ref_run(res, x1):
+    """Every op output of the quantized xmodel on the integer reference runner (after a save/load round trip)."""
+    g = Graph.deserialize(res.xmodel().serialize())
+    gr = GraphRunner(g, backend="ref")
+    out = gr.run([x1.transpose(0, 2, 3, 1)], keep_values=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def rich():
+    m = rich_model()
+    return m, quantize(m, calib(), config=QuantConfig(method="diffs"))
+
+
+def test_prepared_float_model_equals_original(rich):
+    """BN folding, gemm->conv, pattern rewrites keep the float function (leaky slope aside: 0.1 -> 26/256)."""
+    m, res = rich
+    x = calib(4, seed=7)
+    m2 = onnx.ModelProto()
+    m2.CopyFrom(m)
+    for nd in m2.graph.node:
+        if nd.op_type == "LeakyRelu":
+            nd.attribute[0].f = 26 / 256
+    s = session(m2)
+    want = np.concatenate([s.run(None, {"x": x[i:i + 1]})[0] for i in range(len(x))])
+    got = res.run(x, "float")[res.prep.outputs[0]]
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-5)
+    kinds = [n.kind for n in res.prep.nodes]
+    assert kinds.count("hsigmoid") == 2 and "tconv" in kinds and "upsample" in kinds
+    assert [n for n in res.prep.nodes if n.name == "hswish"][0].attrs["type"] == "MUL"
+
+
+def test_golden_equals_reference_runner_bit_exact(rich):
+    """The ONNX fake-quant model (onnxruntime float math) and the integer XIR reference agree on every layer."""
+    _, res = rich
+    for i in range(3):
+        x1 = calib(1, seed=100 + i)
+        gold = res.golden(x1)
+        vals = ref_run(res, x1).values
+        compared = 0
+        for name, v in gold.items():
+            assert name in vals, name
+            np.testing.assert_array_equal(vals[name].reshape(v.shape), v, err_msg=name)
+            compared += 1
+        assert compared >= 20
+
+
+def test_qdq_export_agrees_with_reference(rich):
+    _, res = rich
+    s = session(res.qdq_onnx())
+    kinds = {nd.op_type for nd in res.qdq_onnx().graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= kinds
+    out = res.prep.outputs[0]
+    fp = res.qp.act_fp[out]
+    tot = ok = 0
+    for i in range(20):
+        x1 = calib(1, seed=200 + i)
+        q = np.round(s.run(None, {"x": x1})[0] * 2.0 ** fp).astype(np.int64).reshape(-1)
+        r = list(ref_run(res, x1).outputs.values())[0].astype(np.int64).reshape(-1)
+        tot += q.size
+        ok += int(np.sum(np.abs(q - r) <= 1))
+    assert ok / tot >= 0.999
+
+
+def test_xmodel_form(rich):
+    _, res = rich
+    g = res.xmodel()
+    types = {op.type for op in g.ops.values()}
+    assert {"data-fix", "const-fix", "conv2d-fix", "depthwise-conv2d-fix", "pool-fix", "eltwise-fix", "concat-fix",
+            "upsample-fix", "hard-sigmoid-fix", "transposed-conv2d-fix", "reshape-fix"} <= types
+    for op in g.ops.values():
+        t = op.output
+        assert t.is_fixed and t.attrs["bit_width"] == 8 and "fix_point" in t.attrs
+        assert t.attrs["round_mode"] == ("PY3_ROUND" if op.type == "const-fix" else "DPU_ROUND")
+        if op.type == "const-fix":
+            assert len(op.attrs["data"]) == int(np.prod(t.shape))
+    conv = g.ops["conv1"]
+    assert conv.attrs["nonlinear"] == "RELU" and conv.attrs["kernel"] == [3, 3] and conv.attrs["pad"] == [1, 1, 1, 1]
+    assert g.ops["conv4"].attrs["nonlinear"] == "LEAKYRELU" and g.ops["conv4"].attrs["LEAKYRELU_alpha"] == 26 / 256
+    assert g.ops["conv1_weights"].output.shape == [8, 3, 3, 3]          # OHWI (C_in 3)
+    assert g.ops["dw3_weights"].output.shape == [1, 3, 3, 8]            # [1, kh, kw, C]
+    assert g.ops["fc"].attrs["kernel"] == [1, 1] and g.ops["fc"].output.shape == [1, 1, 1, 10]
+
+
+def test_dpu_constraints(rich):
+    _, res = rich
+    g = res.xmodel()
+    fix = {n: op.output.fix_point for n, op in g.ops.items()}
+    for op in g.ops.values():
+        ins = op.input_ops()
+        if op.type == "concat-fix":
+            assert {fix[i] for i in ins} == {fix[op.name]}
+        if op.type == "pool-fix":
+            assert fix[ins[0]] == fix[op.name]
+        if op.type in ("conv2d-fix", "depthwise-conv2d-fix", "transposed-conv2d-fix"):
+            x, w, b = op.inputs["input"][0], op.inputs["weights"][0], op.inputs["bias"][0]
+            sc = fix[x] + fix[w] - fix[op.name]
+            sb = fix[x] + fix[w] - fix[b] + 1
+            assert 0 <= sc <= 63 and 0 <= sb <= 20, op.name
+        if op.type == "eltwise-fix" and op.attrs["type"] == "ADD" and len(ins) > 1:
+            assert max(fix[i] for i in ins) - min(fix[i] for i in ins) <= 2
+        if op.type == "hard-sigmoid-fix":
+            assert fix[op.name] == 7
+
+
+def test_hand_computed_conv():
+    """One 1x1 conv, weights and input chosen so maxmin fix points and every output are computable by hand."""
+    w = np.array([0.5, -0.25, 0.75], np.float32).reshape(1, 3, 1, 1)      # max 0.75 -> fp_w 7 (0.75*128=96)
+    b = np.array([0.1], np.float32)                                        # 0.1 -> fp_b 10 by maxmin, clamped
+    m = _model([h.make_node("Conv", ["x", "w", "b"], ["y"], name="conv")], {"w": w, "b": b}, [1, 3, 1, 1], ["y"])
+    x = np.array([[1.0, -1.0, 0.5], [0.9, 0.2, -0.3]], np.float32).reshape(2, 3, 1, 1)
+    res = quantize(m, x, config=QuantConfig(method="maxmin"))
+    # input absmax 1.0 -> fp 6 (127/64 = 1.98); output range |y| <= 1.325 -> fp 6
+    assert res.qp.act_fp["x"] == 6 and res.qp.w_fp["conv"] == 7
+    assert res.qp.b_fp["conv"] == 6 + 7 + 1 or res.qp.b_fp["conv"] <= 14
+    np.testing.assert_array_equal(res.qp.w_q["conv"].reshape(-1), [64, -32, 96])
+    fpb = res.qp.b_fp["conv"]
+    bq = int(np.round(0.1 * 2 ** fpb))
+    x1 = x[:1]
+    xi = np.floor(x1.reshape(-1) * 64 + 0.5).astype(int)                  # 64, -64, 32
+    acc = int(np.dot(xi, [64, -32, 96]))                                  # 4096 + 2048 + 3072 = 9216
+    assert acc == 9216
+    fpo = res.qp.act_fp["conv"]
+    v = (acc * 2 ** (fpb - 13) + bq) / 2 ** (fpb - fpo)                   # exact rational, then half up
+    want = int(np.floor(v + 0.5))
+    got = list(ref_run(res, x1).outputs.values())[0].reshape(-1)[0]
+    assert got == want
+
+
+def test_quant_info_roundtrip_and_edit(tmp_path, rich):
+    m, res = rich
+    qi = res.quant_info()
+    again = quantize(m, calib(), quant_info=qi)
+    assert again.xmodel().serialize() == res.xmodel().serialize()
+    qi2 = json.loads(json.dumps(qi))
+    qi2["tensors"]["conv1"]["fix_point"] -= 1
+    edited = quantize(m, calib(), quant_info=qi2)
+    assert edited.qp.act_fp["conv1"] == res.qp.act_fp["conv1"] - 1
+    qi3 = json.loads(json.dumps(qi))
+    qi3["tensors"]["nonexistent"] = {"kind": "activation", "fix_point": 3}
+    with pytest.raises(QuantError, match="CALIB_RESULT_MISMATCH"):
+        quantize(m, calib(), quant_info=qi3)
+
+
+def test_cli_quantize_run_golden(tmp_path, capsys):
+    mp = tmp_path / "rich.onnx"
+    onnx.save(rich_model(), mp)
+    cp = tmp_path / "calib.npy"
+    np.save(cp, calib())
+    out = tmp_path / "q"
+    assert cli(["quantize", str(mp), "--calib", str(cp), "-o", str(out), "--target", "DPUCZDX8G_ISA1_B512"]) == 0
+    for f in ("rich_int.xmodel", "rich_int.onnx", "quant_info.json", "report.txt", "report.json"):
+        assert (out / f).is_file(), f
+    rep = (out / "report.txt").read_text()
+    assert "SQNR" in rep and "conv1" in rep
+    capsys.readouterr()
+    rc = cli(["run", str(out / "rich_int.xmodel"), "--backend", "ref", "-i", str(out / "golden" / "x_aquant.bin"),
+              "--golden", str(out / "golden")])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert text.count("compare data success") >= 20 and "fail" not in text
+    # a corrupted golden file is reported
+    gf = out / "golden" / "conv2_int8.bin"
+    a = np.fromfile(gf, np.int8)
+    a[0] ^= 1
+    a.tofile(gf)
+    assert cli(["run", str(out / "rich_int.xmodel"), "--backend", "ref", "-i", str(out / "golden" / "x_aquant.bin"),
+                "--golden", str(out / "golden")]) == 1
+    assert "compare data fail ! layer_name conv2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", ["not_onnx", "unsupported_op", "nan_calib", "inf_calib", "wrong_shape", "missing"])
+def test_bad_input_clear_error_no_output(tmp_path, capsys, case):
+    mp = tmp_path / "m.onnx"
+    onnx.save(rich_model(), mp)
+    cp = tmp_path / "calib.npy"
+    x = calib(8)
+    want = {"not_onnx": "not an ONNX model", "unsupported_op": "unsupported op Einsum", "nan_calib": "NaN or Inf",
+            "inf_calib": "NaN or Inf", "wrong_shape": "does not match the model input", "missing": "no such file"}[case]
+    if case == "not_onnx":
+        mp.write_bytes(b"this is not a protobuf \x00\x01\x02" * 10)
+    elif case == "unsupported_op":
+        w = np.ones((3, 3), np.float32)
+        m = _model([h.make_node("Einsum", ["x", "w"], ["y"], equation="nchw,cd->ndhw", name="ein")], {"w": w},
+                   [1, 3, 4, 4], ["y"])
+        onnx.save(m, mp)
+        x = calib(4, shape=(3, 4, 4))
+    elif case == "nan_calib":
+        x[3, 1, 2, 2] = np.nan
+    elif case == "inf_calib":
+        x[5, 0, 0, 0] = np.inf
+    elif case == "wrong_shape":
+        x = x[:, :, :8, :8]
+    elif case == "missing":
+        mp = tmp_path / "nope.onnx"
+    np.save(cp, x)
+    out = tmp_path / "out"
+    rc = cli(["quantize", str(mp), "--calib", str(cp), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert want in err, err
+    assert "Traceback" not in err
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("out")] == []
+
+
+def test_calibration_methods_differ_and_are_recorded():
+    m = rich_model()
+    x = calib(16)
+    fps = {}
+    for meth in ("maxmin", "percentile", "mse", "entropy", "diffs"):
+        r = quantize(m, x, config=QuantConfig(method=meth))
+        assert r.quant_info()["config"]["method"] == meth
+        fps[meth] = r.qp.act_fp
+        g = r.golden(x[:1])
+        vals = ref_run(r, x[:1]).values
+        for name, v in g.items():
+            np.testing.assert_array_equal(vals[name].reshape(v.shape), v, err_msg=f"{meth} {name}")
+    # maxmin never clips: every other method picks the same or a finer position
+    for meth in ("percentile", "mse", "entropy", "diffs"):
+        assert any(fps[meth][k] != fps["maxmin"][k] for k in fps["maxmin"]) or meth == "percentile"
+
+
+def test_torch_module_input():
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU6(), nn.MaxPool2d(2),
+                        nn.Flatten(), nn.Linear(4 * 4 * 4, 5)).eval()
+    x = np.random.default_rng(0).normal(0, 1, (16, 1, 8, 8)).astype(np.float32)
+    res = quantize(net, x, example_input=torch.zeros(1, 1, 8, 8))
+    g = res.xmodel()
+    assert any(op.type == "conv2d-fix" for op in g.ops.values())
+    with torch.no_grad():
+        want = net(torch.from_numpy(x[:4])).numpy()
+    got = res.run(x[:4], "dpu")[res.prep.outputs[0]]
+    assert np.mean(np.argmax(got, 1) == np.argmax(want, 1)) >= 0.75
+    gold = res.golden(x[:1])
+    vals = ref_run(res, x[:1]).values
+    for name, v in gold.items():
+        np.testing.assert_array_equal(vals[name].reshape(v.shape), v, err_msg=name)
