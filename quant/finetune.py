@@ -1,0 +1,191 @@
+"""Accuracy tools: bias correction and fast finetune (AdaQuant-style), both optional and seedable.
+
+* Bias correction (Nagel et al. 2019, empirical form): the expected output shift that weight quantization
+  causes, E[conv(x, W − W_q)] per output channel, is added to the bias. The expectation uses the float
+  inputs of each layer over the calibration set (mean input patch, exact at the borders).
+* Fast finetune (Hubara et al. 2020, AdaQuant, "parallel" form): layer by layer, the weights and bias are
+  tuned with Adam and a straight-through estimator so that act(X_q·Q(W) + b) matches the float layer's
+  act(X_f·W + b) on sampled output positions, where X_q are the layer's inputs in the quantized model and
+  X_f in the float model. The weight fix point is kept; a layer keeps its tuned weights only if its error on
+  the samples went down (so fast finetune never makes a layer worse than plain PTQ).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from quant import calib as C
+from quant.emit import emit_onnx, session, value_name
+
+
+def _batches(x: np.ndarray, bs: int):
+    for i in range(0, len(x), bs):
+        yield x[i:i + bs]
+
+
+def _mean_patch(x: np.ndarray, n) -> np.ndarray:
+    """Mean over samples and output positions of the (zero-padded) input window: [C, kh, kw]."""
+    kh, kw = n.attrs["kernel"]
+    sh, sw = n.attrs["strides"]
+    dh, dw = n.attrs.get("dilations", [1, 1])
+    t, l, b, r = n.attrs["pads"]
+    oh, ow = n.shape[2], n.shape[3]
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (t, max(b, 0)), (l, max(r, 0))))
+    out = np.zeros((x.shape[1], kh, kw))
+    for ky in range(kh):
+        for kx in range(kw):
+            sl = xp[:, :, ky * dh: ky * dh + (oh - 1) * sh + 1: sh, kx * dw: kx * dw + (ow - 1) * sw + 1: sw]
+            out[:, ky, kx] = sl.sum(axis=(0, 2, 3)) / (x.shape[0] * oh * ow)
+    return out
+
+
+def bias_correction(prep, cfg, x: np.ndarray) -> list[dict]:
+    """Add E[conv(x, W − W_q)] to every conv/depthwise bias (before the biases are quantized)."""
+    convs = [n for n in prep.nodes if n.kind in ("conv", "dwconv")]
+    if not convs:
+        return []
+    sess = session(emit_onnx(prep, "float", None, all_outputs=True))
+    inp = prep.input_nodes[0].name
+    srcs = sorted({n.inputs[0] for n in convs})
+    ask = [s for s in srcs if s != inp]
+    sums = {n.name: None for n in convs}
+    count = 0
+    for xb in _batches(x, cfg.batch_size):
+        vals = dict(zip(ask, sess.run([value_name(prep, s, "float") for s in ask], {inp: xb})))
+        vals[inp] = xb
+        for n in convs:
+            mp = _mean_patch(vals[n.inputs[0]], n) * len(xb)
+            sums[n.name] = mp if sums[n.name] is None else sums[n.name] + mp
+        count += len(xb)
+    log = []
+    for n in convs:
+        mp = sums[n.name] / count
+        fpw = C.weight_fix_point(n.weight, method=cfg.wmethod, bit_width=8, round_mode=cfg.weight_round)
+        wq = C.dequantize(C.quantize(n.weight, fpw, 8, cfg.weight_round), fpw).astype(np.float64)
+        dW = n.weight.astype(np.float64) - wq
+        if n.kind == "conv":
+            delta = np.einsum("oikl,ikl->o", dW, mp)
+        else:
+            delta = np.einsum("ckl,ckl->c", dW[:, 0], mp)
+        n.bias = (n.bias.astype(np.float64) + delta).astype(np.float32)
+        log.append({"layer": n.name, "max_abs_shift": float(np.max(np.abs(delta)))})
+    return log
+
+
+def _act(v: np.ndarray, act: str, alpha) -> np.ndarray:
+    if act == "RELU":
+        return np.maximum(v, 0)
+    if act == "RELU6":
+        return np.clip(v, 0, 6)
+    if act == "LEAKYRELU":
+        return np.where(v < 0, v * (alpha or 26 / 256), v)
+    return v
+
+
+def _act_grad(v: np.ndarray, act: str, alpha) -> np.ndarray:
+    if act == "RELU":
+        return (v > 0).astype(v.dtype)
+    if act == "RELU6":
+        return ((v > 0) & (v < 6)).astype(v.dtype)
+    if act == "LEAKYRELU":
+        return np.where(v < 0, alpha or 26 / 256, 1.0)
+    return np.ones_like(v)
+
+
+def _rows(x: np.ndarray, n, pos: np.ndarray) -> np.ndarray:
+    """im2col rows of input x (NCHW) at the sampled (sample, oy, ox) positions: [R, C, kh, kw]."""
+    kh, kw = n.attrs["kernel"]
+    sh, sw = n.attrs["strides"]
+    dh, dw = n.attrs.get("dilations", [1, 1])
+    t, l, b, r = n.attrs["pads"]
+    xp = np.pad(x, ((0, 0), (0, 0), (t, max(b, 0) + kh * dh), (l, max(r, 0) + kw * dw)))
+    ky = np.arange(kh) * dh
+    kx = np.arange(kw) * dw
+    s, oy, ox = pos[:, 0], pos[:, 1], pos[:, 2]
+    yy = (oy * sh)[:, None] + ky[None, :]
+    xx = (ox * sw)[:, None] + kx[None, :]
+    return xp[s[:, None, None], :, yy[:, :, None], xx[:, None, :]].transpose(0, 3, 1, 2)
+
+
+def fast_finetune(res, x: np.ndarray, rows: int = 1024, samples: int = 64) -> list[dict]:
+    """Tune every conv / depthwise layer of a QuantResult (see the module docstring); updates weights,
+    re-derives the integer weights and biases and returns a per-layer log."""
+    from quant.quantize import _biases
+    prep, qp, cfg = res.prep, res.qp, res.config
+    rng = np.random.default_rng(cfg.seed)
+    xs = x[:samples]
+    convs = [n for n in prep.nodes if n.kind in ("conv", "dwconv")]
+    inp = prep.input_nodes[0].name
+    need = sorted({n.inputs[0] for n in convs})
+    fvals = {inp: xs}
+    qvals = {inp: None}
+    fs = session(emit_onnx(prep, "float", None, all_outputs=True))
+    qs = session(emit_onnx(prep, "dpu", qp, all_outputs=True))
+    ask = [s for s in need if s != inp]
+    fo = fs.run([value_name(prep, s, "float") for s in ask], {inp: xs})
+    qo = qs.run([value_name(prep, s, "dpu") for s in ask + [inp]], {inp: xs})
+    fvals.update(zip(ask, fo))
+    qvals.update(zip(ask + [inp], qo))
+    log = []
+    for n in convs:
+        fpw = qp.w_fp[n.name]
+        N, _, oh, ow = xs.shape[0], None, n.shape[2], n.shape[3]
+        R = min(rows, N * oh * ow)
+        flat = rng.choice(N * oh * ow, size=R, replace=False)
+        pos = np.stack([flat // (oh * ow), (flat // ow) % oh, flat % ow], axis=1)
+        Xf = _rows(fvals[n.inputs[0]].astype(np.float64), n, pos)
+        Xq = _rows(qvals[n.inputs[0]].astype(np.float64), n, pos)
+        W0 = n.weight.astype(np.float64)
+        b0 = n.bias.astype(np.float64)
+        alpha = n.attrs.get("alpha")
+        if n.kind == "conv":
+            Xf2, Xq2 = Xf.reshape(R, -1), Xq.reshape(R, -1)
+            target = _act(Xf2 @ W0.reshape(W0.shape[0], -1).T + b0, n.act, alpha)
+
+            def fwd(W, b):
+                return Xq2 @ W.reshape(W.shape[0], -1).T + b
+
+            def back(g):
+                return (g.T @ Xq2).reshape(W0.shape), g.sum(0)
+        else:
+            C_ = W0.shape[0]
+            Xf2, Xq2 = Xf.reshape(R, C_, -1), Xq.reshape(R, C_, -1)
+            target = _act(np.einsum("rck,ck->rc", Xf2, W0.reshape(C_, -1)) + b0, n.act, alpha)
+
+            def fwd(W, b):
+                return np.einsum("rck,ck->rc", Xq2, W.reshape(C_, -1)) + b
+
+            def back(g):
+                return np.einsum("rc,rck->ck", g, Xq2).reshape(W0.shape), g.sum(0)
+        lo, hi = -128 * 2.0 ** -fpw, 127 * 2.0 ** -fpw
+
+        def loss_of(W, b):
+            wq = C.dequantize(C.quantize(W, fpw, 8, cfg.weight_round), fpw).astype(np.float64)
+            v = fwd(wq, b)
+            return float(np.mean((_act(v, n.act, alpha) - target) ** 2)), v, wq
+
+        base, _, _ = loss_of(W0, b0)
+        W, b = W0.copy(), b0.copy()
+        mW, vW, mb, vb = np.zeros_like(W), np.zeros_like(W), np.zeros_like(b), np.zeros_like(b)
+        lr = 0.003 * 2.0 ** -fpw                 # a small fraction of an LSB per step (AdaQuant-like)
+        for it in range(1, cfg.finetune_iters + 1):
+            _, v, wq = loss_of(W, b)
+            g = 2 * (_act(v, n.act, alpha) - target) * _act_grad(v, n.act, alpha) / v.size
+            gW, gb = back(g)
+            gW = gW * ((W >= lo) & (W <= hi))                   # straight-through inside the range
+            for p, gp, m, s in ((W, gW, mW, vW), (b, gb, mb, vb)):
+                m *= 0.9
+                m += 0.1 * gp
+                s *= 0.999
+                s += 0.001 * gp * gp
+                p -= lr * (m / (1 - 0.9 ** it)) / (np.sqrt(s / (1 - 0.999 ** it)) + 1e-12)
+        tuned, _, _ = loss_of(W, b)
+        keep = tuned < base
+        if keep:
+            n.weight = W.astype(np.float32)
+            n.bias = b.astype(np.float32)
+        log.append({"layer": n.name, "mse_ptq": base, "mse_tuned": tuned, "kept": bool(keep)})
+    _biases(prep, cfg, qp, [])
+    res._sessions.clear()
+    res.notes.append(f"fast finetune: {sum(r['kept'] for r in log)} of {len(log)} layers improved")
+    res.finetune_log = log
+    return log
