@@ -101,7 +101,7 @@ class _Emitter:
 
     def weights(self, n: QNode, which: str) -> str:
         qp = self.qp
-        if self.mode == "float":
+        if self.mode == "float" or not n.quantized:
             arr = n.weight if which == "w" else n.bias
             return self.const(arr.astype(np.float32), f"{n.name}.{which}")
         q = (qp.w_q if which == "w" else qp.b_q)[n.name]
@@ -127,7 +127,7 @@ class _Emitter:
         raise ValueError(f"op {n.name}: unknown activation {n.act}")
 
     def emit_node(self, n: QNode, ins: list[str]) -> str:
-        raw = n.name if (self.mode == "float" or n.name not in self.qp.act_fp) else n.name + "__raw"
+        raw = n.name if (self.mode == "float" or n.name not in self.qp.act_fp or not n.quantized) else n.name + "__raw"
         k = n.kind
         if k in ("conv", "dwconv"):
             a = n.attrs
@@ -152,7 +152,7 @@ class _Emitter:
                     return self.node("GlobalMaxPool", ins, raw, name=n.name)
                 return self.node("MaxPool", ins, raw, name=n.name, kernel_shape=list(a["kernel"]),
                                  strides=list(a["strides"]), pads=ceil_extra_pads(n, src_shape))
-            if self.mode == "float":
+            if self.mode == "float" or not n.quantized:
                 if a.get("global"):
                     return self.node("GlobalAveragePool", ins, raw, name=n.name)
                 return self.node("AveragePool", ins, raw, name=n.name, kernel_shape=list(a["kernel"]),
@@ -184,7 +184,7 @@ class _Emitter:
             return self.node("Resize", [ins[0], "", sc], raw, name=n.name, mode="nearest",
                              coordinate_transformation_mode="asymmetric", nearest_mode="floor")
         if k == "hsigmoid":
-            if self.mode == "float":
+            if self.mode == "float" or not n.quantized:
                 return self.node("HardSigmoid", ins, raw, name=n.name, alpha=1 / 6, beta=0.5)
             return self.node("HardSigmoid", ins, raw, name=n.name, alpha=HSIG_A, beta=3 * HSIG_A)
         if k == "reshape":
@@ -205,16 +205,32 @@ class _Emitter:
         dims0 = "N" if self.batch != 1 else 1
         quant = self.mode != "float"
         self.tname = {}
+        self.qname = {}
         for n in prep.input_nodes:
             inputs.append(h.make_tensor_value_info(n.name, TensorProto.FLOAT, [dims0] + list(n.shape[1:])))
         for n in prep.nodes:
             if n.kind == "input":
-                self.tname[n.name] = self.quantize(n.name, self.qp.act_fp[n.name], n.name + "_fix") if quant \
-                    else n.name
+                if quant and self.mode == "qdq":
+                    # the host rounds the float input half up (floor(x·2^fp + 0.5)); a continuous input has no
+                    # coarse grid for the tie-break offset, so round explicitly, then Q/DQ (exact on integers)
+                    fp = self.qp.act_fp[n.name]
+                    up = self.const(np.array(2.0 ** fp, np.float32), f"pow2_{fp}")
+                    half = self.const(np.array(0.5, np.float32), "half")
+                    dn = self.const(np.array(2.0 ** -fp, np.float32), f"pow2_{-fp}")
+                    v = self.node("Floor", [self.node("Add", [self.node("Mul", [n.name, up]), half])],
+                                  name=n.name + "_dpu_round")
+                    self.tname[n.name] = self.quantize(self.node("Mul", [v, dn]), fp, n.name + "_fix")
+                else:
+                    self.tname[n.name] = self.quantize(n.name, self.qp.act_fp[n.name], n.name + "_fix") if quant \
+                        else n.name
                 continue
-            out = self.emit_node(n, [self.tname[i] for i in n.inputs])
+            src = [self.qname.get(i, self.tname[i]) if n.quantized else self.tname[i] for i in n.inputs]
+            out = self.emit_node(n, src)
             if quant and n.name in self.qp.act_fp:
-                out = self.quantize(out, self.qp.act_fp[n.name], n.name)
+                if n.quantized:
+                    out = self.quantize(out, self.qp.act_fp[n.name], n.name)
+                else:       # a float (CPU) op feeding quantized ops: float2fix for those consumers only
+                    self.qname[n.name] = self.quantize(out, self.qp.act_fp[n.name], n.name + "_float2fix")
             self.tname[n.name] = out
         outs, seen = [], set()
 

@@ -32,10 +32,11 @@ class QNode:
     sources: list[str] = field(default_factory=list)   # ONNX nodes merged into this op
     device: str = "DPU"
     reason: str = ""
+    cpu: bool = False                    # placed on the CPU by the target's rules: stays float
 
     @property
     def quantized(self) -> bool:
-        return self.kind != "float"
+        return self.kind != "float" and not self.cpu
 
 
 @dataclass

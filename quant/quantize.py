@@ -171,6 +171,8 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
         if n.name not in raw:
             continue
         g.find(n.name)
+        if not n.quantized:
+            continue
         ins = [i for i in n.inputs if i in raw and q[i].quantized]
         if n.kind == "concat" and cfg.align_concat or n.kind in ("upsample", "reshape") or \
                 (n.kind == "pool" and cfg.align_pool):
@@ -200,7 +202,7 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
     for _ in range(1000):
         changed = False
         for n in prep.nodes:
-            if n.name not in raw:
+            if n.name not in raw or not n.quantized:
                 continue
             if n.kind == "hsigmoid":
                 r = g.find(n.name)
@@ -298,12 +300,13 @@ class QuantResult:
 
     def golden(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """Per-layer DPU results for one sample (int8, XIR layout; floats for float ops) from the fake-quant model."""
-        names = [n.name for n in self.prep.nodes if n.name in self.qp.act_fp or n.kind == "float"]
+        q = {n.name: n.quantized for n in self.prep.nodes}
+        names = [n.name for n in self.prep.nodes if n.name in self.qp.act_fp or not n.quantized]
         vals = self.run(x[:1], "dpu", names)
         out = {}
         for n in names:
             v = self.to_xir_layout(n, vals[n])
-            out[n] = self.int_value(n, v) if n in self.qp.act_fp else v.astype(np.float32)
+            out[n] = self.int_value(n, v) if q[n] else v.astype(np.float32)
         return out
 
     def quant_info(self) -> dict:
@@ -468,19 +471,23 @@ def place_nodes(prep: Prepared, target) -> dict:
         out[n.name] = p
         if n.kind != "float":
             n.device, n.reason = p.device, p.reason
+            if p.device == "CPU" and n.kind not in ("input", "pad"):
+                n.cpu = True
+                prep.notes.append(f"[VAIQ_WARN][QUANTIZER_TORCH_FLOAT_OP]: {n.name} ({n.kind}) stays float on the "
+                                  f"CPU: {p.reason}")
     return out
 
 
 def _weights(prep: Prepared, cfg: QuantConfig, qp: QParams) -> None:
     for n in prep.nodes:
-        if n.kind in CONV_KINDS:
+        if n.kind in CONV_KINDS and n.quantized:
             qp.w_fp[n.name] = C.weight_fix_point(n.weight, method=cfg.wmethod, bit_width=8,
                                                  round_mode=cfg.weight_round)
 
 
 def _biases(prep: Prepared, cfg: QuantConfig, qp: QParams, adjustments: list) -> None:
     for n in prep.nodes:
-        if n.kind not in CONV_KINDS:
+        if n.kind not in CONV_KINDS or not n.quantized:
             continue
         fpw = qp.w_fp[n.name]
         qp.w_q[n.name] = C.quantize(n.weight, fpw, 8, cfg.weight_round)
@@ -533,7 +540,7 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
     # which tensors get a fix point: every quantized op, the input, and float ops feeding quantized ops
     need = []
     for n in prep.nodes:
-        if n.kind == "float":
+        if not n.quantized:
             if any(c.quantized for c in prep.consumers(n.name)):
                 need.append(n.name)
         elif n.kind != "pad":
@@ -578,7 +585,7 @@ def _calibrate(prep: Prepared, cfg: QuantConfig, x: np.ndarray, need: list[str],
     if cfg.statistic:
         kw["statistic"] = cfg.statistic
     for name in need:
-        if prep.node(name).kind == "hsigmoid":
+        if prep.node(name).kind == "hsigmoid" and prep.node(name).quantized:
             continue
         observers[name] = C.make_observer(name, cfg.method, **kw)
     sess = session(emit_onnx(prep, "float", None, all_outputs=True))
@@ -629,8 +636,8 @@ def _load_quant_info(qi, prep: Prepared) -> dict:
             b[k[: -len("_bias")]] = fp
         else:
             act[k] = fp
-    missing = [n.name for n in prep.nodes if n.kind in CONV_KINDS and n.name not in w] + \
-              [n for n in names if n not in act and prep.node(n).kind not in ("float", "pad")]
+    missing = [n.name for n in prep.nodes if n.kind in CONV_KINDS and n.quantized and n.name not in w] + \
+              [n for n in names if n not in act and prep.node(n).quantized and prep.node(n).kind != "pad"]
     unknown = [k for k in list(act) + list(w) + list(b) if k not in names]
     if missing or unknown:
         raise QuantError(f"CALIB_RESULT_MISMATCH: {src} does not match the model: missing "

@@ -98,8 +98,64 @@ class _Builder:
 
     def build(self) -> Graph:
         for n in self.prep.nodes:
-            getattr(self, "k_" + n.kind)(n)
+            if n.cpu:
+                self.k_cpu(n)
+            else:
+                getattr(self, "k_" + n.kind)(n)
         return self.g
+
+    def fconst(self, name: str, arr: np.ndarray) -> str:
+        arr = np.ascontiguousarray(arr, np.float32)
+        self.op(name, "const", {}, {"data": arr.tobytes(), "data_type": "FLOAT32",
+                                    "shape": [int(d) for d in arr.shape]}, float_tensor(name, arr.shape))
+        return name
+
+    def k_cpu(self, n: QNode):
+        """An op the target's rules put on the CPU: the float XIR op (VART's CPU runner), fed by fix2float."""
+        ins = [self.float_of(i) for i in n.inputs]
+        shape = nhwc(n.shape)
+        k, a = n.kind, n.attrs
+        main = n.name if n.act == "NONE" or k in ("conv", "dwconv", "tconv") else n.name + "_op"
+        if k in ("conv", "dwconv", "tconv"):
+            w = self.fconst(f"{n.name}_weights", xir_weights(n, n.weight))
+            b = self.fconst(f"{n.name}_bias", n.bias.reshape(-1))
+            attrs = _geom_attrs(n)
+            attrs["nonlinear"] = n.act
+            if n.act == "LEAKYRELU":
+                attrs["LEAKYRELU_alpha"] = float(a.get("alpha") or 26 / 256)
+            typ = {"conv": "conv2d", "dwconv": "depthwise-conv2d", "tconv": "transposed-conv2d"}[k]
+            self.op(main, typ, {"input": ins, "weights": [w], "bias": [b]}, attrs, float_tensor(main, shape))
+        elif k == "pool":
+            attrs = _geom_attrs(n)
+            attrs.pop("dilation", None)
+            attrs["global"] = bool(a.get("global", False))
+            if a["type"] == "AVG":
+                attrs["count_include_pad"] = bool(a.get("count_include_pad", 1))
+                attrs["count_include_invalid"] = not a.get("ceil_mode")
+            self.op(main, "maxpool2d" if a["type"] == "MAX" else "avgpool2d", {"input": ins}, attrs,
+                    float_tensor(main, shape))
+        elif k == "eltwise":
+            self.op(main, "add" if a["type"] == "ADD" else "mul", {"input": ins}, {}, float_tensor(main, shape))
+        elif k == "concat":
+            self.op(main, "concat", {"input": ins}, {"axis": _NHWC_AXIS[a["axis"]] if len(n.shape) == 4 else a["axis"]},
+                    float_tensor(main, shape))
+        elif k == "upsample":
+            sh, sw = a["scales"]
+            self.op(main, "upsample", {"input": ins}, {"mode": "NEAREST", "scale": [float(sw), float(sh)]},
+                    float_tensor(main, shape))
+        elif k == "hsigmoid":
+            self.op(main, "hard-sigmoid", {"input": ins}, {}, float_tensor(main, shape))
+        elif k == "reshape":
+            self.op(main, "reshape", {"input": ins}, {"shape": shape}, float_tensor(main, shape))
+        elif k == "act":
+            main = ins[0]
+        else:
+            raise ValueError(f"op {n.name}: no float form for kind {k}")
+        if main != n.name:
+            typ = {"RELU": "relu", "RELU6": "relu6", "LEAKYRELU": "leaky-relu"}[n.act]
+            attrs = {"alpha": float(a.get("alpha") or 26 / 256)} if n.act == "LEAKYRELU" else {}
+            self.op(n.name, typ, {"input": [main]}, attrs, float_tensor(n.name, shape))
+        self.floated[n.name] = n.name
 
     def out_tensor(self, n: QNode) -> Tensor:
         return fix_tensor(n.name, nhwc(n.shape), self.qp.act_fp[n.name])

@@ -316,3 +316,62 @@ def test_torch_module_input():
     vals = ref_run(res, x[:1]).values
     for name, v in gold.items():
         np.testing.assert_array_equal(vals[name].reshape(v.shape), v, err_msg=name)
+
+
+def test_ops_the_target_cannot_run_stay_float(tmp_path, capsys):
+    """A 17x17 conv exceeds the CONV kernel limit (16): with a target it stays a float CPU op, fed through
+    fix2float / float2fix, and is listed with the rule's reason; softmax stays float too."""
+    r = np.random.default_rng(3)
+    inits = {"w1": r.normal(0, .05, (4, 3, 17, 17)), "b1": r.normal(0, .1, 4), "w2": r.normal(0, .3, (6, 4, 3, 3)),
+             "b2": r.normal(0, .1, 6)}
+    N = h.make_node
+    m = _model([N("Conv", ["x", "w1", "b1"], ["c1"], pads=[8, 8, 8, 8], name="big"), N("Relu", ["c1"], ["r1"], name="r1"),
+                N("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="small"),
+                N("Softmax", ["c2"], ["y"], axis=1, name="softmax")], inits, [1, 3, 12, 12], ["y"])
+    x = calib(16, shape=(3, 12, 12))
+    res = quantize(m, x, target="DPUCZDX8G_ISA1_B512")
+    big = res.prep.node("big")
+    assert big.cpu and big.device == "CPU" and "conv kernel 17x17 > 16" in big.reason
+    assert res.prep.node("small").quantized and res.prep.node("softmax").device == "CPU"
+    g = res.xmodel()
+    assert g.ops["big"].type == "conv2d" and g.ops["big"].output.dtype_name == "FLOAT32"
+    assert g.ops["small"].type == "conv2d-fix"
+    assert g.ops["small"].inputs["input"] == ["big_float2fix"] and g.ops["softmax"].type == "softmax"
+    gold = res.golden(x[:1])
+    vals = ref_run(res, x[:1]).values
+    np.testing.assert_array_equal(vals["small"].reshape(gold["small"].shape), gold["small"])
+    np.testing.assert_allclose(vals["big"], gold["big"], rtol=1e-4, atol=1e-5)
+    want = res.run(x[:1], "dpu")[res.prep.outputs[0]].transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(vals["softmax"], want, rtol=1e-5, atol=1e-6)
+    # without a target the conv is quantized like any other
+    assert quantize(m, x).prep.node("big").quantized
+    # the inspector gives the same reason
+    mp = tmp_path / "m.onnx"
+    onnx.save(m, mp)
+    assert cli(["inspect", str(mp), "--target", "DPUCZDX8G_ISA1_B512", "-o", str(tmp_path), "--verbose", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "conv kernel 17x17 > 16" in out and "softmax" in out
+    txt = (tmp_path / "inspect_DPUCZDX8G_ISA1_B512.txt").read_text()
+    assert "Start to inspect" in txt and "conv kernel 17x17 > 16" in txt
+
+
+def test_bias_correction_and_fast_finetune():
+    m = rich_model()
+    x = calib(32)
+    plain = quantize(m, x)
+    bc = quantize(m, x, config=QuantConfig(bias_corr=True))
+    # bias correction moves biases by E[conv(x, W - W_q)]; hand check on the first conv's mean output error
+    xe = calib(32, seed=5)
+    f = plain.run(xe, "float", ["conv2"])["conv2"]
+    e_plain = np.abs((plain.run(xe, "dpu", ["conv2"])["conv2"] - f).mean(axis=(0, 2, 3))).mean()
+    e_bc = np.abs((bc.run(xe, "dpu", ["conv2"])["conv2"] - f).mean(axis=(0, 2, 3))).mean()
+    assert e_bc <= e_plain * 1.05
+    ft = quantize(m, x, config=QuantConfig(fast_finetune=True, finetune_iters=60, seed=1))
+    assert all(r["mse_tuned"] < r["mse_ptq"] for r in ft.finetune_log if r["kept"])
+    assert any(r["kept"] for r in ft.finetune_log)
+    ft2 = quantize(m, x, config=QuantConfig(fast_finetune=True, finetune_iters=60, seed=1))
+    assert ft.xmodel().serialize() == ft2.xmodel().serialize()          # seedable, deterministic
+    g = ft.golden(x[:1])
+    vals = ref_run(ft, x[:1]).values
+    for name, v in g.items():
+        np.testing.assert_array_equal(vals[name].reshape(v.shape), v, err_msg=name)
