@@ -5,14 +5,15 @@ MODELS  := $(SHARED)/models
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.venv/numba-cache
 export AMARANTH_USE_YOSYS ?= builtin
 
-.PHONY: all venv iverilog demo test test-slow bench bench-rtl proto clean
+.PHONY: all venv iverilog demo test test-slow bench bench-rtl bench-quant proto clean
 
 all: test
 
-.venv/.installed: requirements.txt pyproject.toml
+.venv/.installed: requirements.txt requirements-torch.txt pyproject.toml
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -r requirements-torch.txt || echo "warning: torch==2.13.0 not installed; the PyTorch front-end test is skipped"
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
@@ -36,6 +37,9 @@ test-slow: venv iverilog
 bench: venv
 	$(PY) benchmarks/bench_executor.py --models $(MODELS)
 	$(PY) benchmarks/bench_timing.py --models $(MODELS)
+
+bench-quant: venv
+	$(PY) benchmarks/bench_quant.py --model resnet50 --images 100
 
 bench-rtl: venv iverilog
 	$(PY) benchmarks/bench_rtl.py --models $(MODELS) --flows
