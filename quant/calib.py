@@ -41,7 +41,9 @@ Methods (activations, ``Observer``)
     diffs       vai_q_pytorch default. Per batch: the candidate fp minimising the L2 error
                 sum((x - fake_quant(x, fp))^2) over that batch, quantised with the observer's round
                 mode and range (vai_q ``diffs_fix_pos``: sum of squared differences, verified), then
-                capped. Batches are reduced by ``statistic`` (below).
+                capped. Batches are reduced by ``statistic`` (below). A tie is off by half a step
+                whichever way it goes, so among the nearest modes the round mode cannot change a
+                squared error (or the choice); only floor differs.
     mse         a histogram of x over the whole calibration set (below); the candidate fp
                 minimising the estimated total squared error. Each histogram bin is assumed to hold
                 values spread uniformly inside it; the error of a bin is the mean squared error of
@@ -210,12 +212,10 @@ def _maxmin_raw(absmax, bit_width):
     if absmax == 0:
         return None
     hi = (1 << (bit_width - 1)) - 1
-    # start from the exponent estimate, then fix it up exactly (ldexp is exact)
+    # absmax in [2^(e-1), 2^e) -> absmax * 2^(bw-1-e) in [2^(bw-2), 2^(bw-1)): right, or one too high
     fp = bit_width - 1 - math.frexp(absmax)[1]
-    while math.ldexp(absmax, fp) > hi:
+    if math.ldexp(absmax, fp) > hi:                # ldexp is exact
         fp -= 1
-    while math.ldexp(absmax, fp + 1) <= hi:
-        fp += 1
     return fp
 
 
