@@ -97,3 +97,21 @@ def test_zoo_quantizes_and_runs_on_ref(name, target):
     assert any(op.type == "conv2d-fix" for op in g.ops.values())
     assert all(n.device in ("DPU", "USER") for n in res.prep.nodes), [(n.name, n.reason) for n in res.prep.nodes
                                                                       if n.device == "CPU"]
+
+
+def test_cli_evaluate_and_zoo_table(tmp_path, digits, capsys):
+    xtr, ytr, xte, yte = digits
+    np.save(tmp_path / "calib.npy", xtr[:64])
+    np.savez(tmp_path / "eval.npz", x=xte[:200], y=yte[:200])
+    out = tmp_path / "q"
+    assert cli(["quantize", zoo.DIGITS_ONNX, "--calib", str(tmp_path / "calib.npy"), "-o", str(out), "--method",
+                "maxmin", "--evaluate", str(tmp_path / "eval.npz")]) == 0
+    text = capsys.readouterr().out
+    assert "float_accuracy" in text and "quant_accuracy" in text
+    import json
+    ev = json.loads((out / "report.json").read_text())["evaluate"]
+    assert ev["samples"] == 200 and abs(ev["float_accuracy"] - ev["quant_accuracy"]) <= 0.01
+    assert cli(["zoo", "resnet50", "mobilenet_v2"]) == 0
+    text = capsys.readouterr().out
+    row = [ln for ln in text.splitlines() if ln.startswith("resnet50")][0].split()
+    assert row[1] == "1x3x224x224" and abs(float(row[3]) - 8.18) < 0.05        # 2 x 4.09 GMACs
