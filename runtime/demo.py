@@ -68,7 +68,29 @@ def main(argv=None) -> int:
           f"{st['clock_mhz']:g} MHz (timing parameters: docs/microarchitecture.md)\n")
     from runtime.profile import profile_graph
     print(profile_graph(g, model=os.path.basename(path)).table().split("\n\nNotes:")[0])
-    return 0 if same == a.n else 1
+    ok_q = _quantize_demo()
+    return 0 if same == a.n and ok_q else 1
+
+
+def _quantize_demo() -> bool:
+    """Quantize the trained digits CNN for B4096 and run its INT8 xmodel on the ref runner."""
+    from compiler.xir.graph import Graph
+    from quant import zoo
+    from quant.quantize import QuantConfig, quantize
+    from runtime.runner import GraphRunner
+    xtr, _, xte, yte = zoo.digits_data()
+    print(f"\nquantizer: {os.path.basename(zoo.DIGITS_ONNX)} (trained on sklearn digits), 200 calibration images, "
+          f"method diffs, target DPUCZDX8G_ISA1_B4096")
+    res = quantize(zoo.DIGITS_ONNX, xtr[:200], target="DPUCZDX8G_ISA1_B4096", config=QuantConfig(method="diffs"))
+    gr = GraphRunner(Graph.deserialize(res.xmodel().serialize()), backend="ref")
+    out = res.prep.outputs[0]
+    pred = np.array([int(np.argmax(gr.run([xte[i:i + 1].transpose(0, 2, 3, 1)]).outputs[out]))
+                     for i in range(len(xte))])
+    ev = res.evaluate(xte, yte)
+    acc = float(np.mean(pred == yte))
+    print(f"held-out accuracy: float {ev['float_accuracy']:.4f}, INT8 xmodel on the ref runner {acc:.4f} "
+          f"({len(xte)} images); fix points {sorted(set(res.qp.act_fp.values()))}")
+    return abs(acc - ev["float_accuracy"]) <= 0.01
 
 
 if __name__ == "__main__":
