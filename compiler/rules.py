@@ -393,8 +393,8 @@ def _fused(engine: str, op: OpDesc, t: Target, what: str) -> str:
 
 # ---- convolutions --------------------------------------------------------------------------------
 
-def _conv2d(op: OpDesc, t: Target) -> Placement:
-    what = "conv"
+def _conv_channels(op: OpDesc, t: Target, transposed: bool):
+    """(ic, oc, placement): a conv with group = C_in is placed as depthwise; any other group ≠ 1 is refused."""
     ic = _ic(op)
     ws = _shape(op.weight_shape)
     y = _out(op)
@@ -402,9 +402,17 @@ def _conv2d(op: OpDesc, t: Target) -> Placement:
     g = int(op.attrs.get("group", 1) or 1)
     if g != 1:
         if ic is not None and g == ic and (oc is None or oc % ic == 0):
-            return _grouped_as_depthwise(op, t, ic, oc, transposed=False)
+            return ic, oc, _grouped_as_depthwise(op, t, ic, oc, transposed=transposed)
         raise _Cpu(f"conv groups {g} not 1 or C_in" + (f" ({ic})" if ic is not None else ""),
                    "use groups=1, or groups=C_in (a depthwise convolution)")
+    return ic, oc, None
+
+
+def _conv2d(op: OpDesc, t: Target) -> Placement:
+    what = "conv"
+    ic, oc, dw_place = _conv_channels(op, t, transposed=False)
+    if dw_place is not None:
+        return dw_place
     kw, kh = _kernel(op)
     sw, sh = _pair(op, "stride", 1)
     dw, dh = _pair(op, "dilation", 1)
@@ -495,19 +503,12 @@ def _transposed_phase_kernel(op, what, kw, kh, sw, sh, dw, dh, kmax) -> tuple[in
 
 def _transposed_conv2d(op: OpDesc, t: Target) -> Placement:
     what = "transposed-conv"
-    ic = _ic(op)
-    ws = _shape(op.weight_shape)
-    y = _out(op)
-    oc = y[-1] if y else (ws[0] if ws else None)
-    g = int(op.attrs.get("group", 1) or 1)
+    ic, oc, dw_place = _conv_channels(op, t, transposed=True)
+    if dw_place is not None:
+        return dw_place
     kw, kh = _kernel(op)
     sw, sh = _pair(op, "stride", 1)
     dw, dh = _pair(op, "dilation", 1)
-    if g != 1:
-        if ic is not None and g == ic and (oc is None or oc % ic == 0):
-            return _grouped_as_depthwise(op, t, ic, oc, transposed=True)
-        raise _Cpu(f"conv groups {g} not 1 or C_in" + (f" ({ic})" if ic is not None else ""),
-                   "use groups=1, or groups=C_in (a depthwise convolution)")
     kw_, kh_ = _transposed_phase_kernel(op, what, kw, kh, sw, sh, dw, dh, t.conv_kernel_max)  # UG1414
     _check_pads(what, _pads(op, kw, kh, 1, 1), kw, kh)                   # UG1414 pad 0..k−1
     _check_channels(what, ic, CONV_CG_MAX, t, "input channels")

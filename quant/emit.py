@@ -76,28 +76,29 @@ class _Emitter:
         self.nodes.append(self.h.make_node(op, ins, [out], name=name or self.uid(op + "_n"), **attrs))
         return out
 
+    def half_up(self, t: str, fp: int, name: str) -> str:
+        """floor(t·2^fp + 0.5)·2^-fp, unsaturated: the DPU's (and the host's) round half up, in float ops."""
+        up = self.const(np.array(2.0 ** fp, np.float32), f"pow2_{fp}")
+        dn = self.const(np.array(2.0 ** -fp, np.float32), f"pow2_{-fp}")
+        half = self.const(np.array(0.5, np.float32), "half")
+        v = self.node("Floor", [self.node("Add", [self.node("Mul", [t, up]), half])], name=name)
+        return self.node("Mul", [v, dn])
+
     def quantize(self, t: str, fp: int, out: str) -> str:
         """The activation quantizer: QDQ (half to even) or the DPU's floor(x·2^fp + 0.5) saturated."""
         if self.mode in ("qdq", "qdq-native"):
             s = self.const(np.array(2.0 ** -fp, np.float32), f"scale_fp{fp}")
             z = self.const(np.array(0, np.int8), "zero_point")
             if self.mode == "qdq":
-                # DPU rounding is half up; QuantizeLinear rounds half to even. A tie-break offset of 1/4096 LSB
+                # DPU rounding is half up; QuantizeLinear rounds half to even. A tie-break offset of 1/65536 LSB
                 # turns exact ties upward and leaves every other value's rounding alone (docs/decisions.md).
                 t = self.node("Add", [t, self.const(np.array(2.0 ** -(fp + TIE_BITS), np.float32),
                                                     f"tiebreak_fp{fp}")], name=out + "_dpu_round")
             q = self.node("QuantizeLinear", [t, s, z], name=out + "_QuantizeLinear")
             return self.node("DequantizeLinear", [q, s, z], out, name=out + "_DequantizeLinear")
-        up = self.const(np.array(2.0 ** fp, np.float32), f"pow2_{fp}")
-        dn = self.const(np.array(2.0 ** -fp, np.float32), f"pow2_{-fp}")
-        half = self.const(np.array(0.5, np.float32), "half")
-        lo = self.const(np.array(-128, np.float32), "qmin")
-        hi = self.const(np.array(127, np.float32), "qmax")
-        v = self.node("Mul", [t, up])
-        v = self.node("Add", [v, half])
-        v = self.node("Floor", [v])
-        v = self.node("Clip", [v, lo, hi])
-        return self.node("Mul", [v, dn], out, name=out + "_dpu_fix")
+        lo = self.const(np.array(-128 * 2.0 ** -fp, np.float32), f"qmin_fp{fp}")
+        hi = self.const(np.array(127 * 2.0 ** -fp, np.float32), f"qmax_fp{fp}")
+        return self.node("Clip", [self.half_up(t, fp, out + "_dpu_round"), lo, hi], out, name=out + "_dpu_fix")
 
     def weights(self, n: QNode, which: str) -> str:
         qp = self.qp
@@ -214,12 +215,8 @@ class _Emitter:
                     # the host rounds the float input half up (floor(x·2^fp + 0.5)); a continuous input has no
                     # coarse grid for the tie-break offset, so round explicitly, then Q/DQ (exact on integers)
                     fp = self.qp.act_fp[n.name]
-                    up = self.const(np.array(2.0 ** fp, np.float32), f"pow2_{fp}")
-                    half = self.const(np.array(0.5, np.float32), "half")
-                    dn = self.const(np.array(2.0 ** -fp, np.float32), f"pow2_{-fp}")
-                    v = self.node("Floor", [self.node("Add", [self.node("Mul", [n.name, up]), half])],
-                                  name=n.name + "_dpu_round")
-                    self.tname[n.name] = self.quantize(self.node("Mul", [v, dn]), fp, n.name + "_fix")
+                    self.tname[n.name] = self.quantize(self.half_up(n.name, fp, n.name + "_dpu_round"), fp,
+                                                       n.name + "_fix")
                 else:
                     self.tname[n.name] = self.quantize(n.name, self.qp.act_fp[n.name], n.name + "_fix") if quant \
                         else n.name
@@ -244,7 +241,7 @@ class _Emitter:
         if self.all_outputs:
             for n in prep.nodes:
                 t = self.tname[n.name]
-                if t not in seen and n.kind != "input" or (n.kind == "input" and quant and t not in seen):
+                if t not in seen and (n.kind != "input" or quant):
                     outs.append(vi(t, n.name))
                     seen.add(t)
         g = h.make_graph(self.nodes, prep.name, inputs, outs, self.inits)
@@ -274,8 +271,13 @@ def value_name(prep: Prepared, name: str, mode: str) -> str:
 def session(model, threads: int | None = None):
     """An onnxruntime session for an in-memory model (graph optimisations on, CPU)."""
     import onnxruntime as ort
+    from quant.onnx_in import QuantError
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if threads:
         so.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception as e:      # onnxruntime raises its own exception types
+        raise QuantError(f"onnxruntime cannot load the model {model.graph.name!r}: {str(e).splitlines()[0][:300]}") \
+            from None

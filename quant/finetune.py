@@ -128,7 +128,7 @@ def fast_finetune(res, x: np.ndarray, rows: int = 1024, samples: int = 64) -> li
     log = []
     for n in convs:
         fpw = qp.w_fp[n.name]
-        N, _, oh, ow = xs.shape[0], None, n.shape[2], n.shape[3]
+        N, oh, ow = xs.shape[0], n.shape[2], n.shape[3]
         R = min(rows, N * oh * ow)
         flat = rng.choice(N * oh * ow, size=R, replace=False)
         pos = np.stack([flat // (oh * ow), (flat // ow) % oh, flat % ow], axis=1)

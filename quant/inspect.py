@@ -6,13 +6,12 @@ import os
 
 from quant.onnx_in import QuantError, load_onnx, to_fgraph
 from quant.prepare import Prepared, prepare
-from quant.xir_out import nhwc
+from quant.xir_out import NHWC_AXIS, act_attrs, geom_attrs, nhwc, xir_weights
 
 _XIR_TYPE = {"input": "data", "conv": "conv2d", "dwconv": "depthwise-conv2d", "tconv": "transposed-conv2d",
              "pool": "pool", "eltwise": "eltwise", "concat": "concat", "upsample": "upsample",
              "hsigmoid": "hard-sigmoid", "reshape": "reshape"}
 _ACT_TYPE = {"RELU": "relu", "RELU6": "relu6", "LEAKYRELU": "leaky-relu", "NONE": "identity"}
-_NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}
 
 
 def op_descs(prep: Prepared) -> list:
@@ -22,24 +21,11 @@ def op_descs(prep: Prepared) -> list:
     out = []
     for n in prep.nodes:
         a = n.attrs
-        attrs = {}
-        if "kernel" in a:
-            kh, kw = a["kernel"]
-            attrs["kernel"] = [int(kw), int(kh)]
-        if "strides" in a:
-            sh, sw = a["strides"]
-            attrs["stride"] = [int(sw), int(sh)]
-        if "dilations" in a:
-            dh, dw = a["dilations"]
-            attrs["dilation"] = [int(dw), int(dh)]
-        if "pads" in a:
-            t, l, b, r = a["pads"]
-            attrs["pad"] = [int(l), int(r), int(t), int(b)]
+        attrs = geom_attrs(n) if "kernel" in a else {}
+        attrs.pop("pad_mode", None)
         if n.kind in ("conv", "dwconv", "tconv"):
             attrs["group"] = 1
-            attrs["nonlinear"] = n.act
-            if n.act == "LEAKYRELU":
-                attrs["LEAKYRELU_alpha"] = float(a.get("alpha") or 26 / 256)
+            attrs.update(act_attrs(n))
             if n.kind == "tconv":
                 attrs["output_padding"] = list(a.get("output_padding", [0, 0]))
         if n.kind == "pool":
@@ -52,7 +38,7 @@ def op_descs(prep: Prepared) -> list:
             attrs["type"] = a["type"]
             attrs["nonlinear"] = n.act
         if n.kind == "concat":
-            attrs["axis"] = _NHWC_AXIS[a["axis"]] if len(n.shape) == 4 else a["axis"]
+            attrs["axis"] = NHWC_AXIS[a["axis"]] if len(n.shape) == 4 else a["axis"]
         if n.kind == "upsample":
             attrs["mode"] = "NEAREST"
             sh, sw = a["scales"]
@@ -60,10 +46,7 @@ def op_descs(prep: Prepared) -> list:
         if n.kind == "act" and n.act == "LEAKYRELU":
             attrs["alpha"] = float(a.get("alpha") or 26 / 256)
         typ = _ACT_TYPE[n.act] if n.kind == "act" else (a["xir_type"] if n.kind == "float" else _XIR_TYPE[n.kind])
-        w = None
-        if n.weight is not None:
-            from quant.xir_out import xir_weights
-            w = list(xir_weights(n, n.weight).shape)
+        w = list(xir_weights(n, n.weight).shape) if n.weight is not None else None
         out.append(OpDesc(n.name, typ, attrs, [nhwc(shapes[i]) for i in n.inputs], nhwc(n.shape), w))
     return out
 

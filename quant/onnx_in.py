@@ -138,7 +138,7 @@ def _static_input_shapes(m, source: str, input_shape=None) -> list[tuple[str, li
 
 def _fold(node: Node, vals: list[np.ndarray], opset: int) -> list[np.ndarray]:
     import onnx
-    from onnx import helper, numpy_helper
+    from onnx import helper
     from onnx.reference import ReferenceEvaluator
     ins, feeds = [], {}
     for i, (n, v) in enumerate(zip(node.inputs, vals)):
@@ -156,7 +156,6 @@ def _fold(node: Node, vals: list[np.ndarray], opset: int) -> list[np.ndarray]:
                           [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     res = ReferenceEvaluator(model).run(None, feeds)
-    del numpy_helper
     return [np.asarray(r) for r in res]
 
 

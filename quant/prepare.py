@@ -123,7 +123,7 @@ class _Prep:
         for n in nodes:
             self.done.add(id(n))
 
-    def scalar_const(self, node: Node, which_out: str):
+    def scalar_const(self, node: Node):
         """For a binary op with one constant operand: (activation tensor, constant) or (None, None)."""
         a, b = node.inputs[0], node.inputs[1]
         if b in self.fg.consts and a not in self.fg.consts:
@@ -197,10 +197,10 @@ class _Prep:
             c = self.only_consumer(t)
             if c is None or c.op_type not in ("Add", "Sub", "Mul", "Div") or len(c.inputs) != 2:
                 break
-            x, k = self.scalar_const(c, t)
+            x, k = self.scalar_const(c)
             if x != t or k is None:
                 break
-            kv = _per_channel(k, nout)
+            kv = _per_channel(k, nout, len(self.shape(t)))
             if kv is None or (c.op_type in ("Sub", "Div") and c.inputs[0] != t):
                 break
             if self._hswish_head(c):
@@ -229,7 +229,7 @@ class _Prep:
         """Add(x, 3) -> Clip(0,6) | Relu6-clip -> Div 6 | Mul 1/6: returns (x, [nodes], out tensor)."""
         if add.op_type != "Add" or len(add.inputs) != 2:
             return None
-        x, k = self.scalar_const(add, None)
+        x, k = self.scalar_const(add)
         if x is None or np.size(k) != 1 or float(np.reshape(k, -1)[0]) != 3.0:
             return None
         c = self.only_consumer(add.outputs[0])
@@ -238,7 +238,7 @@ class _Prep:
         d = self.only_consumer(c.outputs[0])
         if d is None or d.op_type not in ("Div", "Mul"):
             return None
-        _, k2 = self.scalar_const(d, None)
+        _, k2 = self.scalar_const(d)
         if k2 is None or np.size(k2) != 1:
             return None
         k2 = float(np.reshape(k2, -1)[0])
@@ -486,10 +486,10 @@ class _Prep:
 
     def _const_channel_op(self, node: Node) -> None:
         """x (+,-,*,/) per-channel/scalar constant: into the producer conv, else a 1x1 depthwise conv."""
-        x_t, k = self.scalar_const(node, None)
+        x_t, k = self.scalar_const(node)
         x = self.src(node, x_t)
         C = x.shape[1] if len(x.shape) >= 2 else 1
-        kv = _per_channel(k, C)
+        kv = _per_channel(k, C, len(x.shape))
         if kv is None or len(x.shape) != 4:
             raise self.err(node, f"{node.op_type} with a constant of shape {list(np.shape(k))} on a {x.shape} tensor "
                                  f"is not supported (per-channel or scalar constants only)")
@@ -689,15 +689,17 @@ SUPPORTED_ONNX = {"Conv", "ConvTranspose", "BatchNormalization", "Gemm", "MatMul
                   "Unsqueeze", "Pad", "Identity", "Dropout", "Constant", "Shape"} | set(FLOAT_OPS)
 
 
-def _per_channel(k, C: int):
+def _per_channel(k, C: int, rank: int):
+    """A constant that broadcasts against an [N, C, ...] tensor of `rank` as one value per channel (or one
+    scalar), as a length-C vector; None for any other shape (e.g. a 1-D [C] against NCHW is along W)."""
     k = np.asarray(k, np.float32)
     if k.size == 1:
         return np.full(C, float(k.reshape(-1)[0]), np.float32)
-    if k.size == C and (k.ndim <= 1 or k.shape[-1] == 1 or k.ndim == 3 or (k.ndim == 4 and k.shape[1] == C)):
-        sq = k.reshape(-1)
-        if k.ndim >= 2 and k.ndim != 4 and k.ndim != 3 and k.shape[-1] != 1:
-            return None
-        return sq
+    if k.ndim > rank:
+        return None
+    shp = [1] * (rank - k.ndim) + list(k.shape)
+    if rank >= 2 and shp[1] == C and all(d == 1 for i, d in enumerate(shp) if i != 1):
+        return k.reshape(-1)
     return None
 
 

@@ -15,10 +15,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from compiler.xir.graph import dump_stem
 from quant import calib as C
 from quant.emit import QParams, emit_onnx, session, value_name
 from quant.onnx_in import QuantError, load_onnx, to_fgraph, torch_to_onnx
-from quant.prepare import Prepared, QNode, prepare
+from quant.prepare import Prepared, prepare
 
 HSIG_OUT_FP = 7          # hard-sigmoid output is [0, 1]: fix point 7 (its DPU form saturates at 127/128)
 CONV_KINDS = ("conv", "dwconv", "tconv")
@@ -59,6 +60,8 @@ class QuantConfig:
             raise QuantError("QUANT_CONFIG: calib_statistic_method 'modal' is only valid with method 'diffs'")
         if self.batch_size < 1:
             raise QuantError("QUANT_CONFIG: batch_size must be >= 1")
+        if self.calib_limit is not None and self.calib_limit < 1:
+            raise QuantError("QUANT_CONFIG: calib_limit must be >= 1")
 
     @property
     def wmethod(self) -> str:
@@ -204,16 +207,11 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
         for n in prep.nodes:
             if n.name not in raw or not n.quantized:
                 continue
-            if n.kind == "hsigmoid":
-                r = g.find(n.name)
-                if fp[r] != HSIG_OUT_FP:
-                    if fp[r] < HSIG_OUT_FP and r != n.name:
-                        pass
-                    else:
-                        adjustments.append({"tensor": n.name, "from": fp[r], "to": HSIG_OUT_FP,
-                                            "rule": "hard-sigmoid output fix point 7"})
-                        fp[r] = HSIG_OUT_FP
-                        changed = True
+            if n.kind == "hsigmoid" and get(n.name) != HSIG_OUT_FP:
+                adjustments.append({"tensor": n.name, "from": get(n.name), "to": HSIG_OUT_FP,
+                                    "rule": "hard-sigmoid output fix point 7"})
+                fp[g.find(n.name)] = HSIG_OUT_FP
+                changed = True
             if n.kind in CONV_KINDS and n.inputs[0] in raw:
                 changed |= lower(n.name, get(n.inputs[0]) + w_fp[n.name],
                                  "shift_cut = fp_in + fp_w - fp_out must be >= 0")
@@ -239,10 +237,6 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
 # --------------------------------------------------------------------------------------------------
 # result
 # --------------------------------------------------------------------------------------------------
-
-def _sanitize(name: str) -> str:
-    return name.replace("/", "_")
-
 
 @dataclass
 class QuantResult:
@@ -292,8 +286,7 @@ class QuantResult:
         return {n: outs[n] for n in names}
 
     def int_value(self, name: str, v: np.ndarray) -> np.ndarray:
-        fp = self.qp.act_fp[name]
-        return np.clip(np.floor(v.astype(np.float64) * 2.0 ** fp + 0.5), -128, 127).astype(np.int8)
+        return C.quantize(v, self.qp.act_fp[name], 8, "half_up")
 
     def to_xir_layout(self, name: str, v: np.ndarray) -> np.ndarray:
         return v.transpose(0, 2, 3, 1) if v.ndim == 4 else v
@@ -415,7 +408,7 @@ class QuantResult:
 
     def _write_into(self, d: str, calib_x, golden_input, evaluate) -> dict[str, str]:
         import onnx
-        base = _sanitize(self.model_name)
+        base = dump_stem(self.model_name)
         paths = {}
         g = self.xmodel()
         paths["xmodel"] = os.path.join(d, f"{base}_int.xmodel")
@@ -433,7 +426,7 @@ class QuantResult:
             inputs = {n.name for n in self.prep.input_nodes}
             for name, v in gold.items():
                 suffix = "_aquant" if name in inputs else ("_int8" if v.dtype == np.int8 else "_float")
-                stem = os.path.join(gd, _sanitize(name) + suffix)
+                stem = os.path.join(gd, dump_stem(name) + suffix)
                 v = np.ascontiguousarray(v)
                 v.tofile(stem + ".bin")
                 np.savetxt(stem + ".txt", v.reshape(-1), fmt="%d" if v.dtype == np.int8 else "%.8g")

@@ -11,7 +11,7 @@ from quant.prepare import Prepared, QNode
 
 XINT = DATA_TYPE_CODES["XINT"]
 FLOAT = DATA_TYPE_CODES["FLOAT"]
-_NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}
+NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}
 
 
 def nhwc(shape) -> list[int]:
@@ -44,7 +44,16 @@ def xir_weights(n: QNode, q: np.ndarray) -> np.ndarray:
     raise ValueError(n.kind)
 
 
-def _geom_attrs(n: QNode) -> dict:
+def act_attrs(n: QNode) -> dict:
+    """XIR `nonlinear` (and `LEAKYRELU_alpha`) of a conv-like node."""
+    out = {"nonlinear": n.act}
+    if n.act == "LEAKYRELU":
+        out["LEAKYRELU_alpha"] = float(n.attrs.get("alpha") or 26 / 256)
+    return out
+
+
+def geom_attrs(n: QNode) -> dict:
+    """XIR window attributes of a node: kernel/stride/dilation as [w, h], pad as [left, right, top, bottom]."""
     a = n.attrs
     kh, kw = a["kernel"]
     sh, sw = a["strides"]
@@ -119,14 +128,12 @@ class _Builder:
         if k in ("conv", "dwconv", "tconv"):
             w = self.fconst(f"{n.name}_weights", xir_weights(n, n.weight))
             b = self.fconst(f"{n.name}_bias", n.bias.reshape(-1))
-            attrs = _geom_attrs(n)
-            attrs["nonlinear"] = n.act
-            if n.act == "LEAKYRELU":
-                attrs["LEAKYRELU_alpha"] = float(a.get("alpha") or 26 / 256)
+            attrs = geom_attrs(n)
+            attrs.update(act_attrs(n))
             typ = {"conv": "conv2d", "dwconv": "depthwise-conv2d", "tconv": "transposed-conv2d"}[k]
             self.op(main, typ, {"input": ins, "weights": [w], "bias": [b]}, attrs, float_tensor(main, shape))
         elif k == "pool":
-            attrs = _geom_attrs(n)
+            attrs = geom_attrs(n)
             attrs.pop("dilation", None)
             attrs["global"] = bool(a.get("global", False))
             if a["type"] == "AVG":
@@ -137,7 +144,7 @@ class _Builder:
         elif k == "eltwise":
             self.op(main, "add" if a["type"] == "ADD" else "mul", {"input": ins}, {}, float_tensor(main, shape))
         elif k == "concat":
-            self.op(main, "concat", {"input": ins}, {"axis": _NHWC_AXIS[a["axis"]] if len(n.shape) == 4 else a["axis"]},
+            self.op(main, "concat", {"input": ins}, {"axis": NHWC_AXIS[a["axis"]] if len(n.shape) == 4 else a["axis"]},
                     float_tensor(main, shape))
         elif k == "upsample":
             sh, sw = a["scales"]
@@ -168,13 +175,11 @@ class _Builder:
         qp = self.qp
         w = self.const(f"{n.name}_weights", xir_weights(n, qp.w_q[n.name]), qp.w_fp[n.name])
         b = self.const(f"{n.name}_bias", qp.b_q[n.name].reshape(-1), qp.b_fp[n.name])
-        attrs = _geom_attrs(n)
+        attrs = geom_attrs(n)
         if n.kind == "tconv":
             attrs["output_padding"] = list(n.attrs.get("output_padding", [0, 0]))
         attrs["group"] = 1
-        attrs["nonlinear"] = n.act
-        if n.act == "LEAKYRELU":
-            attrs["LEAKYRELU_alpha"] = float(n.attrs.get("alpha") or 26 / 256)
+        attrs.update(act_attrs(n))
         self.op(n.name, typ, {"input": [self.fixed_of(n.inputs[0])], "weights": [w], "bias": [b]}, attrs,
                 self.out_tensor(n))
         self.fixed[n.name] = n.name
@@ -190,7 +195,7 @@ class _Builder:
 
     def k_pool(self, n: QNode):
         a = n.attrs
-        attrs = _geom_attrs(n)
+        attrs = geom_attrs(n)
         attrs.pop("dilation", None)
         attrs["type"] = a["type"]
         attrs["global"] = bool(a.get("global", False))
@@ -215,7 +220,7 @@ class _Builder:
         self.fixed[n.name] = n.name
 
     def k_concat(self, n: QNode):
-        axis = _NHWC_AXIS[n.attrs["axis"]] if len(n.shape) == 4 else n.attrs["axis"]
+        axis = NHWC_AXIS[n.attrs["axis"]] if len(n.shape) == 4 else n.attrs["axis"]
         self.op(n.name, "concat-fix", {"input": [self.fixed_of(i) for i in n.inputs]}, {"axis": axis},
                 self.out_tensor(n))
         self.fixed[n.name] = n.name
@@ -250,7 +255,7 @@ class _Builder:
         oa = n.attrs.get("onnx_attrs", {})
         if n.attrs["xir_type"] == "softmax":
             ax = int(oa.get("axis", -1)) % len(n.shape)
-            attrs["axis"] = _NHWC_AXIS[ax] if len(n.shape) == 4 else ax
+            attrs["axis"] = NHWC_AXIS[ax] if len(n.shape) == 4 else ax
         self.op(n.name, n.attrs["xir_type"], {"input": [self.float_of(i) for i in n.inputs]}, attrs,
                 float_tensor(n.name, nhwc(n.shape)))
         self.floated[n.name] = n.name

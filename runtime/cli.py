@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 
+from compiler.xir.graph import dump_stem
+
 
 class CliError(Exception):
     pass
@@ -20,14 +22,11 @@ def _load_graph(path: str):
     return Graph.load(path)
 
 
-def _sanitize(name: str) -> str:
-    """Layer/tensor name -> file stem, as the golden dumps of UG1414 ('/' -> '_')."""
-    return name.replace("/", "_")
 
 
 def _write_dump(dirname: str, name: str, arr: np.ndarray) -> str:
     os.makedirs(dirname, exist_ok=True)
-    stem = os.path.join(dirname, _sanitize(name))
+    stem = os.path.join(dirname, dump_stem(name))
     a = np.ascontiguousarray(arr)
     a.tofile(stem + ".bin")
     np.savetxt(stem + ".txt", a.reshape(-1), fmt="%d" if a.dtype.kind in "iu" else "%.8g")
@@ -39,7 +38,7 @@ def _md5(arr: np.ndarray) -> str:
 
 
 def _find_golden(gdir: str, name: str) -> str | None:
-    stem = _sanitize(name)
+    stem = dump_stem(name)
     for suffix in ("", "_aquant", "_int8", "_fix"):
         p = os.path.join(gdir, stem + suffix + ".bin")
         if os.path.isfile(p):
@@ -371,7 +370,6 @@ def cmd_targets(a) -> int:
 # ---- quantize / inspect / zoo ---------------------------------------------------------------------
 def _npz_or_npy(path: str):
     """(x, y or None) from an .npz (arrays 'x' and optional 'y') or an .npy / folder of .npy."""
-    from quant.quantize import calib_arrays
     if path.endswith(".npz") and os.path.isfile(path):
         z = np.load(path)
         if "x" not in z:

@@ -288,18 +288,8 @@ class GraphRunner:
             if n in vals:
                 continue
             op = g.ops[n]
-            if op.type in ("const-fix", "const"):
-                vals[n] = _const_value(op)
-            else:
-                vals[n] = evaluate_op(g, op, [vals[p] for p in op.input_ops()])
+            vals[n] = evaluate_op(g, op, [vals[p] for p in op.input_ops()])
         if layers:
             res.layers["root"] = {n: v for n, v in vals.items()
                                   if g.ops[n].type not in ("const-fix", "const")}
 
-
-def _const_value(op) -> np.ndarray:
-    """The data of a const / const-fix op (quantized xmodels carry it in the `data` attribute)."""
-    data = op.attrs.get("data")
-    if not data:
-        raise RuntimeErrorDPU(f"const op {op.name!r} carries no data")
-    return np.frombuffer(bytes(data), dtype=op.output.numpy_dtype).reshape(op.output.shape)

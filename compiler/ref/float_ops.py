@@ -29,16 +29,17 @@ import numpy as np
 from compiler.ref.ops import (
     RefError,  # noqa: F401  (re-exported for callers of this module)
     _Ctx,
+    _conv_acc_chunks,
     _conv_geometry,
+    _dw_acc_rows,
     _fit_window,
     _register,
     _transpose_input,
-    _zero_insert,
 )
 
 __all__ = ["FLOAT_OPS"]
 
-# bytes of float64 scratch a conv chunk may use (im2col patches / depthwise accumulator)
+# bytes of float64 scratch a depthwise chunk may use
 _CHUNK_BYTES = 1 << 25
 
 
@@ -161,35 +162,11 @@ def _conv_float(ctx: _Ctx, transposed: bool) -> np.ndarray:
     if transposed:
         x, strides, pads = _transpose_input(ctx, x, (kh, kw), strides, dils, pads)
     oh, ow = _check_out(ctx, N, O, f"weights {list(w.shape)}")
-    xp = _fit_window(ctx, x, (oh, ow), (kh, kw), strides, dils, pads, 0.0)
-    sh, sw = strides
-    dh, dw = dils
-    Og = O // groups
-    # weights per group as [kh*kw*Ig, Og] matching the patch order (ky, kx, i)
-    wg = [w[g * Og:(g + 1) * Og].reshape(Og, kh * kw * Ig).T for g in range(groups)]
     out = np.empty((N, oh, ow, O), dtype=np.float32)
-    rows = max(1, _CHUNK_BYTES // (8 * max(1, ow * kh * kw * C)))
-    for n in range(N):
-        for r0 in range(0, oh, rows):
-            r1 = min(oh, r0 + rows)
-            nr = r1 - r0
-            patches = np.empty((nr, ow, kh, kw, C), dtype=np.float64)
-            for ky in range(kh):
-                y0 = r0 * sh + ky * dh
-                for kx in range(kw):
-                    x0 = kx * dw
-                    patches[:, :, ky, kx, :] = xp[n, y0:y0 + (nr - 1) * sh + 1:sh,
-                                                  x0:x0 + (ow - 1) * sw + 1:sw, :]
-            acc = np.empty((nr * ow, O), dtype=np.float64)
-            if groups == 1:
-                np.matmul(patches.reshape(nr * ow, kh * kw * C), wg[0], out=acc)
-            else:
-                for g in range(groups):
-                    pg = patches[..., g * Ig:(g + 1) * Ig].reshape(nr * ow, kh * kw * Ig)
-                    acc[:, g * Og:(g + 1) * Og] = pg @ wg[g]
-            if b is not None:
-                acc += b
-            out[n, r0:r1] = _f32(_activate(ctx, acc, nl)).reshape(nr, ow, O)
+    for n, r0, r1, acc in _conv_acc_chunks(ctx, x, w, groups, (oh, ow), strides, dils, pads, exact=False):
+        if b is not None:
+            acc = acc + b
+        out[n, r0:r1] = _f32(_activate(ctx, acc, nl))
     return out
 
 
@@ -207,24 +184,13 @@ def _dwconv_float(ctx: _Ctx, transposed: bool) -> np.ndarray:
         x, strides, pads = _transpose_input(ctx, x, (kh, kw), strides, dils, pads)
     oh, ow = _check_out(ctx, N, C * M, f"depthwise weights {list(w.shape)}")
     xp = _fit_window(ctx, x, (oh, ow), (kh, kw), strides, dils, pads, 0.0)
-    sh, sw = strides
-    dh, dw = dils
-    wt = w.transpose(1, 2, 3, 0)           # [kh, kw, C, M]
     out = np.empty((N, oh, ow, C * M), dtype=np.float32)
     rows = max(1, _CHUNK_BYTES // (8 * 2 * max(1, N * ow * C * M)))
     for r0 in range(0, oh, rows):
         r1 = min(oh, r0 + rows)
-        nr = r1 - r0
-        acc = np.zeros((N, nr, ow, C, M), dtype=np.float64)
-        for ky in range(kh):
-            y0 = r0 * sh + ky * dh
-            for kx in range(kw):
-                x0 = kx * dw
-                sl = xp[:, y0:y0 + (nr - 1) * sh + 1:sh, x0:x0 + (ow - 1) * sw + 1:sw, :]
-                acc += sl[..., None] * wt[ky, kx]
-        acc = acc.reshape(N, nr, ow, C * M)
+        acc = _dw_acc_rows(xp, w, r0, r1, ow, strides, dils, dtype=np.float64)
         if b is not None:
-            acc += b
+            acc = acc + b
         out[:, r0:r1] = _f32(_activate(ctx, acc, nl))
     return out
 

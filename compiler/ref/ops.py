@@ -374,10 +374,11 @@ def _absmax(a: np.ndarray) -> int:
 
 
 def _conv_acc_chunks(ctx: _Ctx, x: np.ndarray, w: np.ndarray, groups: int, out_hw,
-                     stride_hw, dil_hw, pads):
+                     stride_hw, dil_hw, pads, exact: bool = True):
     """Yield (n, row0, row1, acc) with acc int64 [row1-row0, OW, O] for the conv of the integer
     NHWC x with the integer OHWI w (I = C/groups).  The products are summed in float32 when every
-    partial sum is provably an integer below 2^24, else in float64 (below 2^53): exact."""
+    partial sum is provably an integer below 2^24, else in float64 (below 2^53): exact.
+    With exact=False (float convs) x and w may be float and acc is float64."""
     N, H, W, C = x.shape
     O, kh, kw, Ig = w.shape
     if C != Ig * groups or O % groups:
@@ -387,11 +388,13 @@ def _conv_acc_chunks(ctx: _Ctx, x: np.ndarray, w: np.ndarray, groups: int, out_h
     sh, sw = stride_hw
     dh, dw = dil_hw
     xp = _fit_window(ctx, x, out_hw, (kh, kw), stride_hw, dil_hw, pads, 0)
-    # exactness: |acc| <= kh*kw*Ig*128*128 (plus any partial sum); float32 exact below 2^24
-    bound = kh * kw * Ig * _absmax(x) * _absmax(w)
-    ftype = np.float32 if bound < (1 << 24) else np.float64
-    if bound >= (1 << 53):
-        raise ctx.error("accumulator could exceed 2^53")
+    ftype = np.float64
+    if exact:
+        # exactness: |acc| <= kh*kw*Ig*128*128 (plus any partial sum); float32 exact below 2^24
+        bound = kh * kw * Ig * _absmax(x) * _absmax(w)
+        ftype = np.float32 if bound < (1 << 24) else np.float64
+        if bound >= (1 << 53):
+            raise ctx.error("accumulator could exceed 2^53")
     Og = O // groups
     wf = w.astype(ftype)
     rows_per_chunk = max(1, (1 << 22) // max(1, ow * O))
@@ -413,23 +416,25 @@ def _conv_acc_chunks(ctx: _Ctx, x: np.ndarray, w: np.ndarray, groups: int, out_h
                         for g in range(groups):
                             acc[:, g * Og:(g + 1) * Og] += (
                                 sl[:, g * Ig:(g + 1) * Ig] @ wf[g * Og:(g + 1) * Og, ky, kx, :].T)
-            yield n, r0, r1, acc.astype(np.int64).reshape(nr, ow, O)
+            yield n, r0, r1, (acc.astype(np.int64) if exact else acc).reshape(nr, ow, O)
 
 
-def _dw_acc_rows(xp: np.ndarray, w: np.ndarray, r0: int, r1: int, ow: int, stride_hw, dil_hw):
+def _dw_acc_rows(xp: np.ndarray, w: np.ndarray, r0: int, r1: int, ow: int, stride_hw, dil_hw,
+                 dtype=np.int64):
     """Depthwise acc for output rows r0..r1-1 of the padded int NHWC xp and int w [M, kh, kw, C]
-    -> int64 [N, r1-r0, OW, C*M] (output channel c*M + m uses w[m, :, :, c])."""
+    -> int64 [N, r1-r0, OW, C*M] (output channel c*M + m uses w[m, :, :, c]); float convs pass
+    dtype=np.float64."""
     N, C = xp.shape[0], xp.shape[3]
     M, kh, kw, _ = w.shape
     sh, sw = stride_hw
     dh, dw = dil_hw
     nr = r1 - r0
-    acc = np.zeros((N, nr, ow, C, M), dtype=np.int64)
+    acc = np.zeros((N, nr, ow, C, M), dtype=dtype)
     for ky in range(kh):
         y0 = r0 * sh + ky * dh
         for kx in range(kw):
             sl = xp[:, y0:y0 + (nr - 1) * sh + 1:sh, kx * dw:kx * dw + (ow - 1) * sw + 1:sw, :]
-            acc += sl.astype(np.int64)[..., None] * w[:, ky, kx, :].T.astype(np.int64)
+            acc += sl.astype(dtype)[..., None] * w[:, ky, kx, :].T.astype(dtype)
     return acc.reshape(N, nr, ow, C * M)
 
 

@@ -526,5 +526,10 @@ class Graph:
         return f"Graph({self.name!r}, {len(self.ops)} ops, {len(self.root.children)} subgraphs)"
 
 
+def dump_stem(name: str) -> str:
+    """Tensor / layer name -> dump file stem, as UG1414's golden dumps ('/' -> '_')."""
+    return name.replace("/", "_")
+
+
 def load(path: str) -> Graph:
     return Graph.load(path)
