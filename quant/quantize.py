@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -386,24 +384,14 @@ class QuantResult:
         return "\n".join(lines) + "\n"
 
     def write(self, out_dir: str, calib_x: np.ndarray | None = None, golden_input: np.ndarray | None = None,
-              evaluate: dict | None = None) -> dict[str, str]:
-        """Write every output into out_dir atomically (a temporary sibling renamed at the end)."""
-        out_dir = os.path.abspath(out_dir)
-        parent = os.path.dirname(out_dir)
-        os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".tmp-", dir=parent)
-        try:
+              evaluate: dict | None = None, force: bool = False, inputs=()) -> dict[str, str]:
+        """Write every output into out_dir by the shared output rule (compiler.outdir): a missing directory is
+        created, an existing one must be empty or opendpu's own unless `force`; only opendpu's files are
+        replaced, and nothing is left behind when writing fails."""
+        from compiler.outdir import DirOutput
+        out = DirOutput(out_dir, force=force, inputs=inputs)
+        with out as tmp:
             paths = self._write_into(tmp, calib_x, golden_input, evaluate)
-            if os.path.exists(out_dir):
-                old = out_dir + ".old-" + str(os.getpid())
-                os.replace(out_dir, old)
-                os.replace(tmp, out_dir)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, out_dir)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return {k: os.path.join(out_dir, os.path.relpath(v, tmp)) for k, v in paths.items()}
 
     def _write_into(self, d: str, calib_x, golden_input, evaluate) -> dict[str, str]:

@@ -10,18 +10,18 @@ import time
 
 import numpy as np
 
+from compiler.outdir import DirOutput, check_dir, check_file
 from compiler.xir.graph import dump_stem
+from runtime.cli_checks import (SEED, CliError, float_range, input_dir, input_file, input_path, int_range,
+                                load_array, load_bin, load_npz, timing_overrides, timing_value)
 
-
-class CliError(Exception):
-    pass
+__all__ = ["main", "build_parser", "CliError"]
 
 
 def _load_graph(path: str):
     from compiler.xir.graph import Graph
+    input_file(path, "model")
     return Graph.load(path)
-
-
 
 
 def _write_dump(dirname: str, name: str, arr: np.ndarray) -> str:
@@ -37,122 +37,304 @@ def _md5(arr: np.ndarray) -> str:
     return hashlib.md5(np.ascontiguousarray(arr).tobytes()).hexdigest()
 
 
-def _find_golden(gdir: str, name: str) -> str | None:
-    stem = dump_stem(name)
-    for suffix in ("", "_aquant", "_int8", "_fix"):
-        p = os.path.join(gdir, stem + suffix + ".bin")
-        if os.path.isfile(p):
-            return p
-    return None
+_GOLDEN_SUFFIXES = ("", "_aquant", "_int8", "_fix")
+
+
+def _golden_files(gdir: str) -> list[str]:
+    return sorted(f for f in os.listdir(gdir) if f.endswith(".bin") and os.path.isfile(os.path.join(gdir, f)))
+
+
+def _golden_index(files: list[str]) -> dict[str, str]:
+    """dump stem (without the golden suffix) -> file name; an exact stem wins over a suffixed one."""
+    idx: dict[str, str] = {}
+    for suffix in reversed(_GOLDEN_SUFFIXES):
+        for f in files:
+            stem = f[:-4]
+            if suffix and stem.endswith(suffix):
+                idx[stem[: -len(suffix)]] = f
+            elif not suffix:
+                idx[stem] = f
+    return idx
+
+
+def _load_plugins(paths) -> None:
+    """--op-plugin: import each module file; it registers custom CPU ops with runtime.register_op."""
+    import importlib.util
+    from runtime.ops import registered_ops
+    for p in paths or []:
+        input_file(p, "--op-plugin")
+        if not p.endswith(".py"):
+            raise CliError(f"--op-plugin {p}: expected a Python module file (.py)")
+        before = set(registered_ops())
+        name = "opendpu_op_plugin_" + "".join(c if c.isalnum() else "_" for c in os.path.basename(p)[:-3])
+        try:
+            spec = importlib.util.spec_from_file_location(name, p)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+        except Exception as e:  # noqa: BLE001 - the user's module: report it, with its location
+            tb = e.__traceback__
+            line = ""
+            while tb is not None:
+                if tb.tb_frame.f_code.co_filename == os.path.abspath(p) or tb.tb_frame.f_code.co_filename == p:
+                    line = f" (line {tb.tb_lineno})"
+                tb = tb.tb_next
+            raise CliError(f"--op-plugin {p}: importing it raised {type(e).__name__}: {e}{line}") from None
+        new = sorted(set(registered_ops()) - before)
+        if not new:
+            _warn(f"--op-plugin {p} registered no op (call runtime.register_op(op_type, fn) in the module)")
+        else:
+            print(f"op plugin {p}: registered {', '.join(new)}")
+
+
+_VERB = ["opendpu"]
+
+
+def _warn(msg: str) -> None:
+    print(f"{_VERB[0]}: warning: {msg}", file=sys.stderr)
+
+
+def _check_cpu_ops(g) -> None:
+    """Every CPU op must have an implementation before anything runs (a custom op needs --op-plugin)."""
+    from runtime.ops import unimplemented_ops
+    names = [n for sg in g.toposort_child_subgraphs() if sg.device == "CPU" for n in g.toposort(sg.all_ops())]
+    if not g.root.children:
+        names = [n for n in g.toposort() if g.ops[n].type not in ("data", "data-fix")]
+    missing = unimplemented_ops(g, names)
+    if missing:
+        n, t = missing[0]
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CliError(f"CPU op {n!r} has type {t!r}, which opendpu does not implement{more}; register it in a "
+                       f"module and pass --op-plugin MODULE.py (the module calls runtime.register_op({t!r}, fn))")
+
+
+def _warm_kernels() -> float:
+    """Compile (or load from the cache) the simulator kernels, reporting it apart from the work's timing."""
+    from sim import warm_kernels
+    msg = []
+
+    def log(s):
+        msg.append(s)
+        print(s, file=sys.stderr, flush=True)
+    dt = warm_kernels(log=log)
+    if msg:
+        print(f"compiled simulator kernels in {dt:.1f} s (cached for the next runs)", file=sys.stderr)
+    return dt
 
 
 # ---- run ------------------------------------------------------------------------------------------
-def cmd_run(a) -> int:
-    from runtime.runner import GraphRunner
-    g = _load_graph(a.model)
-    gr = GraphRunner(g, backend=a.backend, target=a.target, timing=_timing_overrides(a))
-    specs = gr.get_inputs()
-    inputs = []
+def _run_inputs(a, specs) -> list[np.ndarray]:
+    """The arrays given with -i, one per graph input (or one .npz keyed by tensor/op name)."""
     paths = a.input or []
-    if len(paths) == 1 and paths[0].endswith(".npz") and len(specs) >= 1:
-        z = np.load(paths[0])
+    if not paths:
+        raise CliError(f"no input: {a.model} takes {len(specs)} input(s) "
+                       f"{[f'{s.name} {list(s.dims)}' for s in specs]}; give -i FILE per input")
+    if len(paths) == 1 and paths[0].endswith(".npz"):
+        z = load_npz(paths[0], "input")
+        xs = []
         for s in specs:
             key = s.name if s.name in z else (s.op_name if s.op_name in z else None)
             if key is None:
-                raise CliError(f"{paths[0]} has no array for input {s.name!r} (keys: {list(z.keys())})")
-            inputs.append(z[key])
-    else:
-        if len(paths) != len(specs):
-            raise CliError(f"{a.model} takes {len(specs)} input(s) {[s.name for s in specs]}; give one -i per input "
-                           f"(.npy or .bin) or one .npz with arrays named by tensor")
-        for s, p in zip(specs, paths):
-            if p.endswith(".bin"):
-                x = np.fromfile(p, dtype=s.np_dtype)
-            else:
-                try:
-                    x = np.load(p)
-                except (OSError, ValueError) as e:
-                    raise CliError(f"cannot read input {p}: {e}") from None
-            inputs.append(x)
-    t0 = time.perf_counter()
-    res = gr.run(inputs, keep_values=True, layers=bool(a.dump or a.golden))
-    dt = time.perf_counter() - t0
+                raise CliError(f"input {paths[0]} has no array for input {s.name!r} (keys: {list(z)})")
+            xs.append(z[key])
+        extra = set(z) - {s.name for s in specs} - {s.op_name for s in specs}
+        if extra:
+            raise CliError(f"input {paths[0]}: arrays {sorted(extra)} are not inputs of {a.model} "
+                           f"(inputs: {[s.name for s in specs]})")
+        return xs
+    if len(paths) != len(specs):
+        raise CliError(f"{a.model} takes {len(specs)} input(s) {[s.name for s in specs]}, got {len(paths)} -i; "
+                       f"give one -i per input (.npy or .bin) or one .npz with arrays named by tensor")
+    xs = []
+    for s, p in zip(specs, paths):
+        if p.endswith(".bin"):
+            if s.dtype != "xint8":
+                raise CliError(f"input {p}: a .bin is raw int8 fixed point, but input {s.name!r} is float32; "
+                               f"give an .npy")
+            x = load_bin(p, int(np.prod(s.dims)), "input").reshape(s.dims)
+        elif p.endswith(".npz"):
+            raise CliError(f"input {p}: an .npz must be the only -i (arrays named by tensor)")
+        else:
+            x = load_array(p, "input")
+        xs.append(x)
+    return xs
+
+
+def cmd_run(a) -> int:
+    from runtime.dpu import RuntimeErrorDPU
+    from runtime.runner import GraphRunner, layout_name
+    # ---- validate everything before any work
+    input_file(a.model, "model")
+    ins = list(a.input or [])
+    for p in ins:
+        input_file(p, "input")
+    if a.backend == "ref" and (a.timing or a.clock_mhz is not None):
+        raise CliError("--timing and --clock-mhz apply to the timed backends (sim, rtl), not to --backend ref")
+    tm = timing_overrides(a.timing, a.clock_mhz)
+    inputs_all = [a.model] + ins + list(a.op_plugin or [])
     if a.output:
-        np.savez(a.output, **res.outputs)
+        check_file(a.output, suffixes=(".npz",), force=a.force, inputs=inputs_all, what="-o")
+    if a.dump:
+        check_dir(a.dump, force=a.force, inputs=inputs_all, what="--dump directory")
+    gfiles = []
+    if a.golden:
+        input_dir(a.golden, "--golden directory")
+        gfiles = _golden_files(a.golden)
+        if not gfiles:
+            raise CliError(f"--golden directory {a.golden} holds no golden .bin file; nothing would be compared")
+    _load_plugins(a.op_plugin)
+    g = _load_graph(a.model)
+    _check_cpu_ops(g)
+    gr = GraphRunner(g, backend=a.backend, target=a.target, timing=tm)
+    specs = gr.get_inputs()
+    xs = _run_inputs(a, specs)
+    prepared = []
+    for s, x in zip(specs, xs):
+        try:
+            prepared.append(gr.prepare_input(s, x, a.layout))
+        except RuntimeErrorDPU as e:
+            raise CliError(str(e)) from None
+        how = "transposed from NCHW" if (a.layout == "nchw" and np.ndim(x) == 4) else "as given"
+        print(f"input {s.name}: {np.asarray(x).dtype} {list(np.shape(x))} -> {list(s.dims)} "
+              f"{layout_name(s.dims)} ({how})" + (f", quantized with fix_point {s.fix_point}"
+                                                  if s.dtype == "xint8" and np.asarray(x).dtype != np.int8 else ""))
+    # ---- work
+    if a.backend != "ref" and gr.runners:
+        _warm_kernels()
+    t0 = time.perf_counter()
+    res = gr.run(prepared, keep_values=True, layers=bool(a.dump or a.golden))
+    dt = time.perf_counter() - t0
     print(f"ran {a.model} on backend {a.backend} in {dt * 1e3:.2f} ms (host time)")
     for name, r in gr.runners.items():
         st = r.stats
         if "cycles" in st:
             print(f"  DPU subgraph {name}: {st['cycles']} cycles = {st['latency_ms']:.3f} ms at "
                   f"{st['clock_mhz']:g} MHz on {r.target.name}")
-    for name, v in res.outputs.items():
+    outs = gr.output_values(res, raw=a.raw)
+    for name, (v, fp) in outs.items():
         flat = v.reshape(-1)
-        extra = f", argmax {int(np.argmax(flat))}" if flat.size <= 1000 else ""
-        print(f"  output {name}: shape {list(v.shape)} {v.dtype}{extra}")
+        extra = f", argmax {int(np.argmax(flat))}" if 0 < flat.size <= 1000 else ""
+        what = (f"raw int8, fix_point {fp}" if v.dtype == np.int8 else
+                (f"dequantized with fix_point {fp}" if fp is not None else "float"))
+        print(f"  output {name}: shape {list(v.shape)} {v.dtype} ({what}){extra}")
+    if a.output:
+        arrays = {name: v for name, (v, _) in outs.items()}
+        if a.raw:
+            arrays.update({f"{name}.fix_point": np.array(fp, np.int32) for name, (v, fp) in outs.items()
+                           if fp is not None})
+        tmp = a.output + ".tmp-opendpu.npz"
+        np.savez(tmp, **arrays)
+        os.replace(tmp, a.output)
+        print(f"wrote {a.output} ({len(outs)} output(s), "
+              + ("raw int8 with '<name>.fix_point' arrays" if a.raw else "float32 real values") + ")")
     rc = 0
     if a.dump or a.golden:
         layer_vals: dict[str, np.ndarray] = {}
+        for op_name, v in res.values.items():          # observable values: inputs, CPU and DPU-subgraph outputs
+            if np.asarray(v).dtype == np.int8 and op_name in g.ops:
+                layer_vals[g.ops[op_name].output.name] = v
         for sgname, lv in res.layers.items():
             for op_name, v in lv.items():
                 layer_vals[g.ops[op_name].output.name] = v
-        for sgname, outs in res.dpu_outputs.items():
-            layer_vals.update(outs)
+        for sgname, outs_ in res.dpu_outputs.items():
+            layer_vals.update(outs_)
         if a.dump:
-            for name, v in layer_vals.items():
-                _write_dump(a.dump, name, v)
-            print(f"dumped {len(layer_vals)} tensors to {a.dump}")
+            with DirOutput(a.dump, force=a.force, inputs=inputs_all, what="--dump directory") as tmpd:
+                for name, v in layer_vals.items():
+                    _write_dump(tmpd, name, v)
+            print(f"wrote {len(layer_vals)} tensors (.bin + .txt) to {a.dump}")
         if a.golden:
-            fails = 0
-            for name, v in layer_vals.items():
-                gp = _find_golden(a.golden, name)
-                if gp is None:
-                    continue
-                gold = np.fromfile(gp, dtype=np.int8)
-                ok = gold.size == v.size and np.array_equal(gold, v.astype(np.int8).reshape(-1))
-                status = "success !" if ok else "fail ! "
-                fails += not ok
-                print(f"XLNX_GOLDEN_DIR: compare data {status}layer_name {name} dump_md5 {_md5(v)} "
-                      f"golden_md5 {_md5(gold)}")
-            rc = 1 if fails else 0
+            rc = _compare_golden(g, a.golden, gfiles, layer_vals)
     return rc
 
 
+def _compare_golden(g, gdir: str, gfiles: list[str], layer_vals: dict) -> int:
+    """Compare every golden file with the value of its tensor; account for every file and every tensor."""
+    idx = _golden_index(gfiles)
+    model_tensors = {dump_stem(op.output.name): op.output.name for op in g.ops.values()}
+    fails = compared = 0
+    used: set[str] = set()
+    for name, v in layer_vals.items():
+        f = idx.get(dump_stem(name))
+        if f is None:
+            continue
+        used.add(f)
+        gold = np.fromfile(os.path.join(gdir, f), dtype=np.int8)
+        ok = gold.size == v.size and np.array_equal(gold, np.asarray(v).astype(np.int8).reshape(-1))
+        compared += 1
+        fails += not ok
+        print(f"XLNX_GOLDEN_DIR: compare data {'success !' if ok else 'fail ! '}layer_name {name} "
+              f"dump_md5 {_md5(v)} golden_md5 {_md5(gold)}")
+    on_chip = unrelated = 0
+    for f in gfiles:
+        if f in used:
+            continue
+        stem = f[:-4]
+        bases = [stem[: len(stem) - len(suf)] for suf in _GOLDEN_SUFFIXES if stem.endswith(suf)]
+        if any(b in model_tensors for b in bases):
+            on_chip += 1
+        else:
+            unrelated += 1
+    without = sum(1 for n in layer_vals if idx.get(dump_stem(n)) is None)
+    print(f"compared {compared} of {len(gfiles)} golden files; {on_chip} kept on chip (not observable); "
+          f"{without} without a golden; {unrelated} not of this model"
+          + (f"; {fails} mismatching" if fails else ""))
+    if compared == 0:
+        raise CliError(f"--golden {gdir}: compared 0 of {len(gfiles)} golden files (none names a tensor of this "
+                       f"model that this backend observes)")
+    return 1 if fails else 0
+
+
 # ---- check ----------------------------------------------------------------------------------------
+def _check_target(dpu, spec) -> None:
+    from isa.target import get_target
+    t = get_target(spec)
+    if t.fingerprint != dpu.fingerprint:
+        raise CliError(f"--target {spec}: subgraph {dpu.name!r} was compiled for {dpu.target.name}, not {t.name} "
+                       f"(VART_GRAPH_FINGERPRINT_ERROR)")
+
+
 def cmd_check(a) -> int:
     from runtime.dpu import DpuSubgraph, dpu_subgraphs
     from runtime.layers import run_tracked
+    from runtime.progress import progress_bar
+    input_file(a.model, "model")
+    _load_plugins(a.op_plugin)
     g = _load_graph(a.model)
     sgs = dpu_subgraphs(g)
     if not sgs:
         raise CliError(f"{a.model} has no DPU subgraph")
+    dpus = [DpuSubgraph(g, sg) for sg in sgs]
+    for dpu in dpus:
+        if a.target is not None:
+            _check_target(dpu, a.target)
+        dpu.validate()
+    _warm_kernels()
     rng = np.random.default_rng(a.seed)
     bad = 0
-    for sg in sgs:
-        dpu = DpuSubgraph(g, sg)
-        if a.target is not None:
-            from isa.target import get_target
-            t = get_target(a.target)
-            if t.fingerprint != dpu.fingerprint:
-                raise CliError(f"subgraph {sg.name}: compiled for {dpu.target.name}, not {t.name}")
+    for dpu in dpus:
         machine = dpu.new_machine(seed=a.seed)
         compared = mism = 0
         first = None
         layers_ok: set[str] = set()
         t0 = time.perf_counter()
-        for k in range(a.n):
-            ins = [rng.integers(-128, 128, size=s.dims, dtype=np.int8) for s in dpu.inputs]
-            ref_out, ref_vals = dpu.run_ref(ins, keep=True)
-            sim_out, rep = run_tracked(dpu, machine, ins, ref_vals)
-            for r, s in zip(ref_out, sim_out):
-                compared += r.size
-                mism += int(np.count_nonzero(r.astype(np.int8) != s))
-            if first is None:
-                first = rep.first_mismatch()
-            layers_ok |= {n for n, st in rep.status.items() if st == "ok"}
+        with progress_bar(f"check {dpu.name[:40]}", enabled=len(dpu.instructions) * a.n > 20000) as prog:
+            for k in range(a.n):
+                ins = [rng.integers(-128, 128, size=s.dims, dtype=np.int8) for s in dpu.inputs]
+                ref_out, ref_vals = dpu.run_ref(ins, keep=True)
+                sim_out, rep = run_tracked(dpu, machine, ins, ref_vals)
+                for r, s in zip(ref_out, sim_out):
+                    compared += r.size
+                    mism += int(np.count_nonzero(r.astype(np.int8) != s))
+                if first is None:
+                    first = rep.first_mismatch()
+                layers_ok |= {n for n, st in rep.status.items() if st == "ok"}
+                if prog:
+                    prog(k + 1, a.n, "inputs")
         dt = time.perf_counter() - t0
         status = "PASS" if mism == 0 else "FAIL"
         bad += mism != 0
-        print(f"{status} {sg.name}: target {dpu.target.name}, {len(dpu.instructions)} instructions, "
+        print(f"{status} {dpu.name}: target {dpu.target.name}, {len(dpu.instructions)} instructions, "
               f"{a.n} inputs, {compared} bytes compared, {mism} mismatching"
               + f", {len(layers_ok)} stored layers matched"
               + (f", first mismatching layer {first}" if first else "")
@@ -162,20 +344,22 @@ def cmd_check(a) -> int:
 
 # ---- disasm / xmodel / targets -----------------------------------------------------------------------
 def cmd_disasm(a) -> int:
-    from runtime.dpu import DpuSubgraph, dpu_subgraphs
-    from isa.program import to_text
+    from runtime.disasm import disasm_subgraph
+    from runtime.dpu import dpu_subgraphs
     g = _load_graph(a.model)
     sgs = dpu_subgraphs(g)
+    if not sgs:
+        raise CliError(f"{a.model} has no DPU subgraph")
     if a.subgraph:
         sgs = [s for s in sgs if s.name == a.subgraph]
         if not sgs:
-            raise CliError(f"no DPU subgraph named {a.subgraph!r}")
+            raise CliError(f"--subgraph {a.subgraph!r}: no DPU subgraph of that name in {a.model} "
+                           f"(DPU subgraphs: {[s.name for s in dpu_subgraphs(g)]})")
     out = sys.stdout
     for sg in sgs:
-        dpu = DpuSubgraph(g, sg)
-        if len(sgs) > 1:
-            out.write(f"# subgraph {sg.name} ({dpu.target.name}, {len(dpu.instructions)} instructions)\n")
-        out.write(to_text(dpu.instructions))
+        text = disasm_subgraph(g, sg)
+        out.write(f"# subgraph {sg.name}\n")
+        out.write(text if text.endswith("\n") else text + "\n")
     return 0
 
 
@@ -206,153 +390,6 @@ def cmd_xmodel(a) -> int:
     return 0
 
 
-def _timing_overrides(a) -> dict:
-    tm = {}
-    for kv in a.timing or []:
-        if "=" not in kv:
-            raise CliError(f"--timing {kv!r}: expected key=value (e.g. ddr_latency=80)")
-        k, v = kv.split("=", 1)
-        try:
-            tm[k.strip()] = float(v) if k.strip() == "clock_mhz" else int(v, 0)
-        except ValueError:
-            raise CliError(f"--timing {kv!r}: value must be a number") from None
-    if getattr(a, "clock_mhz", None) is not None:
-        tm["clock_mhz"] = a.clock_mhz
-    return tm
-
-
-def cmd_profile(a) -> int:
-    from isa.target import get_target
-    from runtime.profile import profile_graph
-    g = _load_graph(a.model)
-    tgt = get_target(a.target) if a.target else None
-    prof = profile_graph(g, target=tgt, timing=_timing_overrides(a), model=os.path.basename(a.model))
-    text = prof.table()
-    print(text)
-    for sp in prof.subgraphs:
-        s = sp.schedule
-        busy = s.engine_busy()
-        q = sp.attribution_quality()
-        print(f"\n{sp.name}: {len(s)} instructions on {sp.target.name}, {s.total_cycles} cycles, "
-              f"{s.latency_ms:.3f} ms at {s.clock_mhz:g} MHz; engine busy "
-              + ", ".join(f"{k} {100 * v / max(1, s.total_cycles):.0f}%" for k, v in busy.items())
-              + f"; layer attribution matched {q['matched']}/{q['compute_ops']} compute ops")
-    if a.txt:
-        try:
-            with open(a.txt, "w") as f:
-                f.write(text + "\n")
-        except OSError as e:
-            raise CliError(f"cannot write the text summary to {a.txt}: {e.strerror or e}") from None
-    for path, fn, what in ((a.trace, prof.write_trace, "Perfetto trace"), (a.json, prof.write_json, "JSON"),
-                           (a.csv, prof.write_csv, "CSV"), (a.instructions, prof.write_instructions_csv,
-                                                            "per-instruction CSV"), (a.plot, prof.plot, "plot")):
-        if path:
-            try:
-                fn(path)
-            except OSError as e:
-                raise CliError(f"cannot write the {what} to {path}: {e.strerror or e}") from None
-            print(f"wrote {what} to {path}")
-    return 0
-
-
-def cmd_sweep(a) -> int:
-    from isa.target import get_target
-    from runtime.dpu import DpuSubgraph, dpu_subgraphs
-    from sim.sweep import SWEEP_COLUMNS, parse_axis, sweep
-    g = _load_graph(a.model)
-    dpus = [DpuSubgraph(g, sg) for sg in dpu_subgraphs(g)]
-    if not dpus:
-        raise CliError(f"{a.model} has no DPU subgraph")
-    t = dpus[0].target
-    if a.target:
-        t = get_target(a.target)
-        if any(d.fingerprint != t.fingerprint for d in dpus):
-            raise CliError(f"--target {a.target}: {a.model} was compiled for {dpus[0].target.name} "
-                           f"(VART_GRAPH_FINGERPRINT_ERROR)")
-    if len({d.fingerprint for d in dpus}) > 1:
-        raise CliError(f"{a.model}: DPU subgraphs were compiled for different targets; sweep one model per target")
-    axes = {}
-    for spec in a.param or []:
-        try:
-            k, v = parse_axis(spec)
-        except ValueError as e:
-            raise CliError(str(e)) from None
-        axes[k] = v
-    if not axes:
-        raise CliError("give at least one --param name=v1,v2,... (a timing parameter)")
-    rows = sweep([d.arrays for d in dpus], t, axes)
-    cols = list(axes) + [c for c in SWEEP_COLUMNS if c != "point"]
-    print(" ".join(f"{c:>14s}" for c in cols))
-    for r in rows:
-        print(" ".join(f"{r[c]:14.4g}" if isinstance(r[c], float) else f"{r[c]:>14}" for c in cols))
-    if a.csv:
-        import csv
-        try:
-            with open(a.csv, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=cols)
-                w.writeheader()
-                w.writerows({c: r[c] for c in cols} for r in rows)
-        except OSError as e:
-            raise CliError(f"cannot write {a.csv}: {e.strerror or e}") from None
-        print(f"wrote {len(rows)} rows to {a.csv}")
-    return 0
-
-
-def cmd_cosim(a) -> int:
-    """RTL vs cycle model on an xmodel's DPU subgraphs, or on random generated programs."""
-    from isa.target import get_target
-    from sim.cosim import check_target_matches, cosim_programs, dump_waves, subgraph_program
-    tm = _timing_overrides(a)
-    programs = []
-    if a.random:
-        if not a.target:
-            raise CliError("--random needs --target (a preset, fingerprint or arch.json)")
-        from sim.progen import random_program
-        t = get_target(a.target)
-        t = t.with_timing(**tm) if tm else t
-        for i in range(a.random):
-            gp = random_program(t, a.instructions, seed=a.seed + i)
-            programs.append((f"random seed {a.seed + i}", gp.instructions, gp.reg_sizes, gp.reg_init))
-        groups = [(t, programs)]
-    else:
-        if not a.model:
-            raise CliError("give an xmodel, or --random N with --target")
-        from runtime.dpu import DpuSubgraph, dpu_subgraphs
-        g = _load_graph(a.model)
-        rng = np.random.default_rng(a.seed)
-        groups = []
-        for sg in dpu_subgraphs(g):
-            if a.subgraph and sg.name != a.subgraph:
-                continue
-            dsg = DpuSubgraph(g, sg)
-            t = dsg.target
-            if a.target:
-                want = get_target(a.target)
-                check_target_matches(dsg.target, want, f"subgraph {sg.name!r}")
-                t = want
-            t = t.with_timing(**tm) if tm else t
-            xs = [rng.integers(-128, 128, size=s.dims, dtype=np.int8) for s in dsg.inputs]
-            instrs, sizes, init = subgraph_program(dsg, xs)
-            groups.append((t, [(sg.name, instrs, sizes, init)]))
-        if not groups:
-            raise CliError(f"{a.model} has no DPU subgraph" + (f" named {a.subgraph!r}" if a.subgraph else ""))
-    bad = 0
-    for t, progs in groups:
-        t0 = time.perf_counter()
-        reps = cosim_programs(t, progs, backend=a.rtl_sim, log=lambda s: print(s, file=sys.stderr))
-        dt = time.perf_counter() - t0
-        for rep, prog in zip(reps, progs):
-            print(rep.summary())
-            if not rep.ok:
-                bad += 1
-                if a.waves:
-                    path = dump_waves(t, prog, rep, a.waves, backend=a.rtl_sim)
-                    print(f"  waveform window written to {path} (+ .gtkw)")
-        print(f"{len(reps)} program(s) on {t.name or t.describe()}: {sum(r.ok for r in reps)} match; "
-              f"{dt:.1f} s wall including build")
-    return 1 if bad else 0
-
-
 def cmd_targets(a) -> int:
     from isa.target import PRESETS, Target
     ts = [Target.from_name(n) for n in PRESETS]
@@ -367,40 +404,274 @@ def cmd_targets(a) -> int:
     return 0
 
 
+# ---- profile / sweep / cosim ------------------------------------------------------------------------------
+def _write_announced(path: str, fn, what: str) -> None:
+    """Write through a temporary sibling, then rename: a failure leaves no partial file."""
+    root, ext = os.path.splitext(path)
+    tmp = f"{root}.tmp-opendpu{ext}"
+    try:
+        fn(tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise CliError(f"cannot write the {what} to {path}: {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    print(f"wrote {what} to {path}")
+
+
+def cmd_profile(a) -> int:
+    from isa.target import get_target
+    from runtime.profile import PLOT_FORMATS, profile_graph
+    input_file(a.model, "model")
+    tm = timing_overrides(a.timing, a.clock_mhz)
+    inputs = [a.model] + ([a.target] if a.target and os.path.isfile(a.target) else []) + list(a.op_plugin or [])
+    outs = ((a.trace, (".json",), "Perfetto trace"), (a.json, (".json",), "JSON"), (a.csv, (".csv",), "CSV"),
+            (a.instructions, (".csv",), "per-instruction CSV"),
+            (a.plot, tuple("." + f for f in PLOT_FORMATS), "plot"), (a.txt, (".txt",), "text summary"))
+    seen = {}
+    for path, suffixes, what in outs:
+        if path:
+            check_file(path, suffixes=suffixes, force=a.force, inputs=inputs, what=f"--{_OPT[what]}")
+            key = os.path.abspath(path)
+            if key in seen:
+                raise CliError(f"--{_OPT[what]} {path}: the same file is also the {seen[key]} output")
+            seen[key] = what
+    _load_plugins(a.op_plugin)
+    g = _load_graph(a.model)
+    tgt = get_target(a.target) if a.target else None
+    from runtime.dpu import DpuSubgraph, dpu_subgraphs
+    for sg in dpu_subgraphs(g):
+        DpuSubgraph(g, sg).validate(tgt)
+    _warm_kernels()
+    prof = profile_graph(g, target=tgt, timing=tm, model=os.path.basename(a.model))
+    text = prof.table()
+    print(text)
+    for sp in prof.subgraphs:
+        s = sp.schedule
+        busy = s.engine_busy()
+        q = sp.attribution_quality()
+        print(f"\n{sp.name}: {len(s)} instructions on {sp.target.name}, {s.total_cycles} cycles, "
+              f"{s.latency_ms:.3f} ms at {s.clock_mhz:g} MHz; engine busy "
+              + ", ".join(f"{k} {100 * v / max(1, s.total_cycles):.0f}%" for k, v in busy.items())
+              + f"; layer attribution matched {q['matched']}/{q['compute_ops']} compute ops")
+
+    def write_txt(p):
+        with open(p, "w") as f:
+            f.write(text + "\n")
+    for path, fn, what in ((a.trace, prof.write_trace, "Perfetto trace"), (a.json, prof.write_json, "JSON"),
+                           (a.csv, prof.write_csv, "CSV"),
+                           (a.instructions, prof.write_instructions_csv, "per-instruction CSV"),
+                           (a.plot, prof.plot, "plot"), (a.txt, write_txt, "text summary")):
+        if path:
+            _write_announced(path, fn, what)
+    return 0
+
+
+_OPT = {"Perfetto trace": "trace", "JSON": "json", "CSV": "csv", "per-instruction CSV": "instructions",
+        "plot": "plot", "text summary": "txt"}
+
+
+def cmd_sweep(a) -> int:
+    from isa.target import get_target
+    from runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from runtime.progress import progress_bar
+    from sim.sweep import SWEEP_COLUMNS, sweep
+    input_file(a.model, "model")
+    if not a.param:
+        raise CliError("give at least one --param NAME=V1,V2,... (a timing parameter, e.g. ddr_latency=40,80)")
+    axes: dict = {}
+    for spec in a.param:
+        if "=" not in spec:
+            raise CliError(f"--param {spec!r}: expected NAME=V1,V2,... (e.g. ddr_latency=40,80)")
+        k, vals = (x.strip() for x in spec.split("=", 1))
+        if k in axes:
+            raise CliError(f"--param {k} is given twice; list all its values in one --param {k}=V1,V2,...")
+        parts = [v.strip() for v in vals.split(",")]
+        if not vals or any(not v for v in parts):
+            raise CliError(f"--param {spec!r}: empty value")
+        axes[k] = [timing_value(k, v, "--param") for v in parts]
+        if len(set(axes[k])) != len(axes[k]):
+            raise CliError(f"--param {k}: a value is repeated ({vals})")
+    npoints = int(np.prod([len(v) for v in axes.values()]))
+    if npoints > 100000:
+        raise CliError(f"--param: {npoints} points (the cartesian product) is too many; at most 100000")
+    if a.csv:
+        check_file(a.csv, suffixes=(".csv",), force=a.force, inputs=[a.model], what="--csv")
+    g = _load_graph(a.model)
+    dpus = [DpuSubgraph(g, sg) for sg in dpu_subgraphs(g)]
+    if not dpus:
+        raise CliError(f"{a.model} has no DPU subgraph")
+    t = dpus[0].target
+    if a.target:
+        t = get_target(a.target)
+        if any(d.fingerprint != t.fingerprint for d in dpus):
+            raise CliError(f"--target {a.target}: {a.model} was compiled for {dpus[0].target.name} "
+                           f"(VART_GRAPH_FINGERPRINT_ERROR)")
+    if len({d.fingerprint for d in dpus}) > 1:
+        raise CliError(f"{a.model}: DPU subgraphs were compiled for different targets; sweep one model per target")
+    for d in dpus:
+        d.validate(t)
+    _warm_kernels()
+    with progress_bar(f"sweep {npoints} points", enabled=npoints > 1) as prog:
+        rows = sweep([d.arrays for d in dpus], t, axes, progress=prog)
+    cols = list(axes) + [c for c in SWEEP_COLUMNS if c != "point"]
+    print(" ".join(f"{c:>14s}" for c in cols))
+    for r in rows:
+        print(" ".join(f"{r[c]:14.4g}" if isinstance(r[c], float) else f"{r[c]:>14}" for c in cols))
+    if a.csv:
+        import csv
+
+        def write(p):
+            with open(p, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=cols)
+                w.writeheader()
+                w.writerows({c: r[c] for c in cols} for r in rows)
+        _write_announced(a.csv, write, f"{len(rows)} rows as CSV")
+    return 0
+
+
+def cmd_cosim(a) -> int:
+    """RTL vs cycle model on an xmodel's DPU subgraphs, or on random generated programs."""
+    from isa.target import get_target
+    from runtime.progress import progress_bar
+    from sim.cosim import check_target_matches, cosim_programs, dump_waves, subgraph_program
+    if a.model and a.random:
+        raise CliError(f"give either an xmodel ({a.model}) or --random N, not both")
+    if not a.model and not a.random:
+        raise CliError("give an xmodel, or --random N with --target")
+    if a.model:
+        input_file(a.model, "model")
+        if a.instructions is not None:
+            raise CliError("--instructions applies to --random programs only")
+    elif a.subgraph:
+        raise CliError("--subgraph applies to an xmodel, not to --random programs")
+    tm = timing_overrides(a.timing)
+    if a.waves:
+        check_dir(a.waves, force=a.force, inputs=[a.model] if a.model else [], what="--waves directory")
+    programs = []
+    if a.random:
+        if not a.target:
+            raise CliError("--random needs --target (a preset, fingerprint or arch.json)")
+        from sim.progen import random_program
+        t = get_target(a.target)
+        t = t.with_timing(**tm) if tm else t
+        n = a.instructions if a.instructions is not None else 60
+        for i in range(a.random):
+            gp = random_program(t, n, seed=a.seed + i)
+            programs.append((f"random seed {a.seed + i} ({len(gp.instructions)} instructions)", gp.instructions,
+                             gp.reg_sizes, gp.reg_init))
+        groups = [(t, programs)]
+    else:
+        from runtime.dpu import DpuSubgraph, dpu_subgraphs
+        g = _load_graph(a.model)
+        rng = np.random.default_rng(a.seed)
+        groups = []
+        names = [sg.name for sg in dpu_subgraphs(g)]
+        if a.subgraph and a.subgraph not in names:
+            raise CliError(f"--subgraph {a.subgraph!r}: no DPU subgraph of that name in {a.model} "
+                           f"(DPU subgraphs: {names})")
+        for sg in dpu_subgraphs(g):
+            if a.subgraph and sg.name != a.subgraph:
+                continue
+            dsg = DpuSubgraph(g, sg)
+            t = dsg.target
+            if a.target:
+                want = get_target(a.target)
+                check_target_matches(dsg.target, want, f"subgraph {sg.name!r}")
+                t = want
+            t = t.with_timing(**tm) if tm else t
+            dsg.validate(t)
+            xs = [rng.integers(-128, 128, size=s.dims, dtype=np.int8) for s in dsg.inputs]
+            instrs, sizes, init = subgraph_program(dsg, xs)
+            groups.append((t, [(sg.name, instrs, sizes, init)]))
+        if not groups:
+            raise CliError(f"{a.model} has no DPU subgraph")
+    _warm_kernels()
+    bad = 0
+    for t, progs in groups:
+        t0 = time.perf_counter()
+        with progress_bar(f"cosim on {a.rtl_sim}") as prog:
+            reps = cosim_programs(t, progs, backend=a.rtl_sim, progress=prog,
+                                  log=lambda m: print(m, file=sys.stderr))
+        dt = time.perf_counter() - t0
+        for rep, prog_ in zip(reps, progs):
+            print(rep.summary())
+            if not rep.ok:
+                bad += 1
+                if a.waves:
+                    os.makedirs(a.waves, exist_ok=True)
+                    path = dump_waves(t, prog_, rep, a.waves, backend=a.rtl_sim)
+                    from compiler.outdir import record
+                    record(a.waves, [os.path.basename(path), os.path.basename(path)[:-4] + ".gtkw"])
+                    print(f"wrote the waveform window to {path} (+ .gtkw)")
+        print(f"{len(reps)} program(s) on {t.name or t.describe()}: {sum(r.ok for r in reps)} match; "
+              f"{dt:.1f} s wall including build")
+    return 1 if bad else 0
+
+
 # ---- quantize / inspect / zoo ---------------------------------------------------------------------
-def _npz_or_npy(path: str):
-    """(x, y or None) from an .npz (arrays 'x' and optional 'y') or an .npy / folder of .npy."""
+def _npz_or_npy(path: str, what: str):
+    """(x, y or None) from an .npz (arrays 'x' and optional 'y'), else the path (an .npy or folder of .npy)."""
     if path.endswith(".npz") and os.path.isfile(path):
-        z = np.load(path)
+        z = load_npz(path, what)
         if "x" not in z:
-            raise CliError(f"{path}: needs an array named 'x' (and optionally labels 'y'); has {list(z.keys())}")
-        return z["x"], (z["y"] if "y" in z else None)
+            raise CliError(f"{what} {path}: needs an array named 'x' (and optionally labels 'y'); has {list(z)}")
+        return z["x"], z.get("y")
+    if os.path.isfile(path):
+        return load_array(path, what), None
     return path, None
+
+
+def _onnx_input_shape(path: str) -> list[int]:
+    """[1, C, H, W] of an ONNX model's first real input (batch fixed to 1), read without preparing the model."""
+    import onnx
+    try:
+        m = onnx.load(path, load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - onnx raises DecodeError and others for a non-ONNX file
+        raise CliError(f"model {path}: not an ONNX model ({type(e).__name__})") from None
+    inits = {i.name for i in m.graph.initializer}
+    for vi in m.graph.input:
+        if vi.name not in inits:
+            dims = [d.dim_value if d.HasField("dim_value") else 1 for d in vi.type.tensor_type.shape.dim]
+            return [1] + dims[1:]
+    raise CliError(f"model {path}: has no input")
 
 
 def cmd_quantize(a) -> int:
     from quant.quantize import QuantConfig, calib_arrays, quantize
+    input_file(a.model, "model")
+    input_path(a.calib, "--calib")
+    ins = [a.model, a.calib]
+    if a.quant_info:
+        ins.append(input_file(a.quant_info, "--quant-info"))
+    if a.evaluate:
+        ins.append(input_file(a.evaluate, "--evaluate"))
+    check_dir(a.output, force=a.force, inputs=ins, what="output directory (-o)")
     cfg = QuantConfig(method=a.method, weight_method=a.weight_method, statistic=a.statistic,
                       percentile=a.percentile, batch_size=a.batch_size, calib_limit=a.calib_limit,
                       replace_sigmoid=a.replace_sigmoid, bias_corr=a.bias_corr, fast_finetune=a.fast_finetune,
                       seed=a.seed)
-    calib, _ = _npz_or_npy(a.calib)
-    t0 = time.perf_counter()
-    last = [0.0]
-
-    def progress(i, n):
-        now = time.perf_counter()
-        if now - last[0] > 2 or i == n:
-            last[0] = now
-            print(f"  calibration batch {i}/{n}", file=sys.stderr)
-    res = quantize(a.model, calib, target=a.target, config=cfg, quant_info=a.quant_info, progress=progress)
-    x = calib_arrays(calib, res.prep.input_nodes[0].shape, cfg.calib_limit)
-    ev = None
+    calib, _ = _npz_or_npy(a.calib, "--calib")
+    ev_data = None
     if a.evaluate:
-        ex, ey = _npz_or_npy(a.evaluate)
-        ex = calib_arrays(ex, res.prep.input_nodes[0].shape)
-        ev = res.evaluate(ex, ey)
-    paths = res.write(a.output, calib_x=x, evaluate=ev)
+        from quant.onnx_in import QuantError
+        ex, ey = _npz_or_npy(a.evaluate, "--evaluate")
+        try:
+            ex = calib_arrays(ex, _onnx_input_shape(a.model))
+        except QuantError as e:
+            raise CliError(f"--evaluate {a.evaluate}: {e}") from None
+        if ey is not None and len(ey) != len(ex):
+            raise CliError(f"--evaluate {a.evaluate}: {len(ey)} labels 'y' for {len(ex)} samples 'x'")
+        ev_data = (ex, ey)
+    t0 = time.perf_counter()
+    from runtime.progress import progress_bar
+    with progress_bar("calibration") as prog:
+        res = quantize(a.model, calib, target=a.target, config=cfg, quant_info=a.quant_info,
+                       progress=(lambda i, n: prog(i, n, "batches")) if prog else None)
+    x = calib_arrays(calib, res.prep.input_nodes[0].shape, cfg.calib_limit)
+    ev = res.evaluate(*ev_data) if ev_data else None
+    paths = res.write(a.output, calib_x=x, evaluate=ev, force=a.force, inputs=ins)
     dt = time.perf_counter() - t0
     nodes = res.prep.nodes
     cpu = [n for n in nodes if n.device == "CPU"]
@@ -412,26 +683,30 @@ def cmd_quantize(a) -> int:
         print(f"  {note}")
     if ev:
         print("  evaluate: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in ev.items()))
-    for k in ("xmodel", "onnx", "quant_info", "golden", "report"):
+    for k in ("xmodel", "onnx", "quant_info", "golden", "report", "report_json"):
         if k in paths:
-            print(f"  {k:10s} {paths[k]}")
+            print(f"wrote {k:10s} {paths[k]}")
     return 0
 
 
 def cmd_inspect(a) -> int:
     from quant.inspect import format_inspect, inspect_model
-    if a.image_format and a.image_format not in ("svg", "png"):
-        raise CliError(f"INSPECTOR_OUTPUT_FORMAT: image format {a.image_format!r}; use svg or png")
+    input_file(a.model, "model")
+    if a.image_format:
+        raise CliError(f"--image-format {a.image_format}: graph images are not generated by opendpu (the text "
+                       f"report inspect_<target>.txt is); drop the option")
+    check_dir(a.output, force=a.force, inputs=[a.model], what="output directory (-o)")
     t, prep, rows = inspect_model(a.model, a.target)
     text = format_inspect(t, prep, rows, a.verbose)
     if a.verbose:
         print(text, end="")
-    os.makedirs(a.output, exist_ok=True)
-    path = os.path.join(a.output, f"inspect_{t.name}.txt")
-    with open(path, "w") as f:
-        f.write(format_inspect(t, prep, rows, 2))
+    name = f"inspect_{t.name}.txt"
+    with DirOutput(a.output, force=a.force, inputs=[a.model]) as tmp:
+        with open(os.path.join(tmp, name), "w") as f:
+            f.write(format_inspect(t, prep, rows, 2))
     cpu = sum(p.device == "CPU" for _, p in rows)
-    print(f"{len(rows)} ops: {len(rows) - cpu} DPU/USER, {cpu} CPU; details in {path}")
+    print(f"{len(rows)} ops: {len(rows) - cpu} DPU/USER, {cpu} CPU")
+    print(f"wrote {os.path.join(a.output, name)}")
     return 0
 
 
@@ -441,6 +716,10 @@ def cmd_zoo(a) -> int:
     for n in names:
         if n not in zoo.NAMES:
             raise CliError(f"unknown zoo model {n!r}; choose from {', '.join(zoo.NAMES)}")
+    if len(set(names)) != len(names):
+        raise CliError(f"a zoo model is named twice: {' '.join(names)}")
+    if a.export:
+        check_dir(a.export, force=a.force, what="--export directory")
     rows = zoo.summary(names, a.size)
     print(f"{'model':14s} {'input':16s} {'GMACs':>7s} {'GOPs':>7s} {'params':>11s} {'published GOPs':>14s} "
           f"{'published params':>16s}")
@@ -451,127 +730,226 @@ def cmd_zoo(a) -> int:
               f"{(f'{pg:.3f}' if pg else '-'):>14s} {(f'{pp:,}' if pp else '-'):>16s}")
     if a.export:
         import onnx
-        os.makedirs(a.export, exist_ok=True)
+        with DirOutput(a.export, force=a.force, what="--export directory") as tmp:
+            for n in names:
+                onnx.save(zoo.build(n, a.size), os.path.join(tmp, f"{n}.onnx"))
         for n in names:
-            p = os.path.join(a.export, f"{n}.onnx")
-            onnx.save(zoo.build(n, a.size), p)
-            print(f"  wrote {p}")
+            print(f"wrote {os.path.join(a.export, n + '.onnx')}")
     return 0
 
 
+# ---- the parser --------------------------------------------------------------------------------------------
+class _UsageError(Exception):
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (`opendpu VERB: error: ...`, exit 2) instead of usage + error."""
+
+    def error(self, message):
+        raise _UsageError(self.prog, message)
+
+
+class _Fmt(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown where there is one (not for flags and unset options); example epilogues kept verbatim."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False) or isinstance(action, argparse._VersionAction):
+            return action.help
+        return super()._get_help_string(action)
+
+
+_EXAMPLES = {
+    "run": """examples:
+  opendpu run model.xmodel -i image.npy -o out.npz              # float NHWC input, float outputs
+  opendpu run model.xmodel -i image_nchw.npy --layout nchw     # transpose an NCHW image explicitly
+  opendpu run model.xmodel -i x.npy --raw -o out.npz            # int8 outputs + '<name>.fix_point'
+  opendpu run q/model_int.xmodel --backend ref -i q/golden/input_aquant.bin --golden q/golden
+  opendpu run tf2_custom_op.xmodel -i x.npy --op-plugin mylayer.py
+""",
+    "check": "examples:\n  opendpu check yolox_nano_b512.xmodel -n 2",
+    "disasm": "examples:\n  opendpu disasm dpu_mnist_classifier.xmodel | less",
+    "xmodel": "examples:\n  opendpu xmodel dpu_mnist_classifier.xmodel -v",
+    "profile": """examples:
+  opendpu profile model.xmodel --trace t.json --plot p.png --csv layers.csv
+  opendpu profile model.xmodel --timing ddr_latency=80 --clock-mhz 250""",
+    "sweep": "examples:\n  opendpu sweep model.xmodel --param ddr_bytes_per_cycle=8,16,32 --param clock_mhz=200,300 --csv s.csv",
+    "cosim": """examples:
+  opendpu cosim dpu_mnist_classifier.xmodel
+  opendpu cosim --random 5 --target DPUCZDX8G_ISA1_B512 --instructions 100 --waves wave_dir""",
+    "quantize": """examples:
+  opendpu quantize model.onnx --calib calib.npy --target DPUCZDX8G_ISA1_B4096 -o q
+  opendpu quantize model.onnx --calib data.npz --evaluate test.npz --method maxmin -o q""",
+    "inspect": "examples:\n  opendpu inspect model.onnx --target DPUCZDX8G_ISA1_B512 -o insp",
+    "zoo": "examples:\n  opendpu zoo resnet18 mobilenet_v2 --size 224 --export models",
+    "targets": "examples:\n  opendpu targets --json",
+}
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("opendpu")
+    except Exception:  # noqa: BLE001 - not installed as a distribution (a source checkout)
+        return "0.1.0"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="opendpu", description="Open emulator of the AMD DPUCZDX8G (ISA1)")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="run an xmodel end to end")
-    r.add_argument("model")
-    r.add_argument("-i", "--input", action="append", help="input .npy/.bin (one per graph input) or one .npz")
-    r.add_argument("-o", "--output", help="write graph outputs by tensor name to this .npz")
+    p = _Parser(prog="opendpu", description="Open emulator of the AMD DPUCZDX8G (ISA1)", formatter_class=_Fmt)
+    p.add_argument("--version", action="version", version=f"opendpu {_version()}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="VERB")
+
+    def verb(name, help_):
+        return sub.add_parser(name, help=help_, description=help_, epilog=_EXAMPLES.get(name), formatter_class=_Fmt)
+
+    def force(x):
+        x.add_argument("--force", action="store_true",
+                       help="write into a non-empty directory not written by opendpu (only same-named files are "
+                            "replaced), or replace an existing file of another kind")
+
+    def plugin(x):
+        x.add_argument("--op-plugin", action="append", metavar="MODULE.py",
+                       help="import this module first; it registers custom CPU ops with runtime.register_op")
+
+    r = verb("run", "run an xmodel end to end")
+    r.add_argument("model", help="the .xmodel")
+    r.add_argument("-i", "--input", action="append", metavar="FILE",
+                   help="input .npy (float = real values, int8 = fixed point) or .bin (raw int8), one per graph "
+                        "input in the model's layout; or one .npz with arrays named by tensor")
+    r.add_argument("-o", "--output", metavar="OUT.npz", help="write the graph outputs by tensor name to this .npz")
+    r.add_argument("--layout", choices=("nhwc", "nchw"), default="nhwc",
+                   help="layout of 4-D inputs; nchw is transposed to the DPU's NHWC")
+    r.add_argument("--raw", action="store_true",
+                   help="outputs as raw int8 fixed point (the .npz also holds '<name>.fix_point'); default: float")
     r.add_argument("--backend", choices=("ref", "sim", "rtl"), default="sim",
                    help="ref = XIR reference ops, sim = cycle model, rtl = the Amaranth RTL in Verilator")
     r.add_argument("--target", help="preset name, fingerprint or arch.json (must match the model)")
-    r.add_argument("--dump", help="write every DPU-subgraph and per-layer output (.bin + .txt) here")
-    r.add_argument("--golden", help="compare per layer with the golden .bin files in this directory")
-    r.add_argument("--clock-mhz", type=float, help="core clock for the reported latency (sim backend)")
-    r.add_argument("--timing", action="append", metavar="KEY=VALUE", help="override a timing parameter")
+    r.add_argument("--dump", metavar="DIR", help="write every observable tensor (.bin + .txt) into this directory")
+    r.add_argument("--golden", metavar="DIR", help="compare per layer with the golden .bin files in this directory")
+    r.add_argument("--clock-mhz", type=float_range(0, 10000), help="core clock for the reported latency (sim/rtl)")
+    r.add_argument("--timing", action="append", metavar="KEY=VALUE", help="override a timing parameter (sim/rtl)")
+    plugin(r)
+    force(r)
     r.set_defaults(fn=cmd_run)
-    c = sub.add_parser("check", help="compare sim and ref on random inputs for every DPU subgraph")
+    c = verb("check", "compare sim and ref on random inputs for every DPU subgraph")
     c.add_argument("model")
-    c.add_argument("-n", type=int, default=2, help="random inputs per subgraph (default 2)")
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--target")
+    c.add_argument("-n", type=int_range(1, 100000), default=2, help="random inputs per subgraph")
+    c.add_argument("--seed", type=SEED, default=0)
+    c.add_argument("--target", help="preset name, fingerprint or arch.json (must match the model)")
+    plugin(c)
     c.set_defaults(fn=cmd_check)
-    d = sub.add_parser("disasm", help="print the DPU instructions in text assembly")
+    d = verb("disasm", "print the DPU instructions in text assembly (index, instruction, layer, findings)")
     d.add_argument("model")
-    d.add_argument("--subgraph")
+    d.add_argument("--subgraph", help="only this DPU subgraph")
     d.set_defaults(fn=cmd_disasm)
-    x = sub.add_parser("xmodel", help="summary of graph, subgraphs, DPU attributes and registers")
+    x = verb("xmodel", "summary of graph, subgraphs, DPU attributes and registers")
     x.add_argument("model")
     x.add_argument("-v", "--verbose", action="store_true", help="list the ops of DPU subgraphs too")
     x.set_defaults(fn=cmd_xmodel)
-    pr = sub.add_parser("profile", help="cycle-model profile: vaitrace text summary, trace, plot, JSON/CSV")
+    pr = verb("profile", "cycle-model profile: vaitrace text summary, trace, plot, JSON/CSV")
     pr.add_argument("model")
     pr.add_argument("--target", help="preset, fingerprint or arch.json (may carry a 'timing' object); "
                                      "must match the model's fingerprint")
-    pr.add_argument("--clock-mhz", type=float, help="core clock (default from the target, 300)")
+    pr.add_argument("--clock-mhz", type=float_range(0, 10000), help="core clock (default from the target)")
     pr.add_argument("--timing", action="append", metavar="KEY=VALUE",
                     help="override a timing parameter (docs/microarchitecture.md), e.g. ddr_latency=80")
-    pr.add_argument("--trace", help="write a Chrome/Perfetto trace JSON (one track per engine)")
-    pr.add_argument("--json", help="write the profile as JSON")
-    pr.add_argument("--csv", help="write the DPU summary rows as CSV")
-    pr.add_argument("--instructions", help="write one CSV row per instruction")
-    pr.add_argument("--plot", help="write an engine-utilisation figure (.png/.svg/.pdf)")
-    pr.add_argument("--txt", help="also write the text summary to this file")
+    pr.add_argument("--trace", metavar="T.json", help="write a Chrome/Perfetto trace JSON (one track per engine)")
+    pr.add_argument("--json", metavar="P.json", help="write the profile as JSON")
+    pr.add_argument("--csv", metavar="P.csv", help="write the DPU summary rows as CSV")
+    pr.add_argument("--instructions", metavar="I.csv", help="write one CSV row per instruction")
+    pr.add_argument("--plot", metavar="P.png", help="write the engine lanes + per-layer figure (.png/.svg/.pdf)")
+    pr.add_argument("--txt", metavar="P.txt", help="also write the text summary to this file")
+    plugin(pr)
+    force(pr)
     pr.set_defaults(fn=cmd_profile)
-    sw = sub.add_parser("sweep", help="timing-only sweep of timing parameters (cycles, latency, fps, busy)")
+    sw = verb("sweep", "timing-only sweep of timing parameters (cycles, latency, fps, busy)")
     sw.add_argument("model")
     sw.add_argument("--param", action="append", metavar="NAME=V1,V2,...",
                     help="a timing parameter and its values; several --param give the cartesian product")
     sw.add_argument("--target", help="preset, fingerprint or arch.json (timing base); must match the model")
-    sw.add_argument("--csv", help="write the rows as CSV")
+    sw.add_argument("--csv", metavar="S.csv", help="write the rows as CSV")
+    force(sw)
     sw.set_defaults(fn=cmd_sweep)
-    cs = sub.add_parser("cosim", help="co-simulate the RTL against the cycle model (bytes and cycles)")
+    cs = verb("cosim", "co-simulate the RTL against the cycle model (bytes and cycles)")
     cs.add_argument("model", nargs="?", help="xmodel (every DPU subgraph, random inputs)")
     cs.add_argument("--target", help="preset, fingerprint or arch.json (must match the model's bank layout)")
     cs.add_argument("--timing", action="append", metavar="KEY=VALUE", help="override a timing parameter")
     cs.add_argument("--subgraph", help="only this DPU subgraph")
-    cs.add_argument("--random", type=int, default=0, metavar="N", help="N random programs (sim.progen) instead")
-    cs.add_argument("--instructions", type=int, default=60, help="instructions per random program")
-    cs.add_argument("--seed", type=int, default=0, help="input / program seed (reproducible)")
+    cs.add_argument("--random", type=int_range(0, 10000), default=0, metavar="N",
+                    help="N random programs (sim.progen) instead of an xmodel")
+    cs.add_argument("--instructions", type=int_range(2, 100000), default=None,
+                    help="about this many instructions per random program (default 60; a final SAVE and END "
+                         "are added)")
+    cs.add_argument("--seed", type=SEED, default=0, help="input / program seed (reproducible)")
     cs.add_argument("--rtl-sim", default="verilator", choices=("verilator", "cocotb-verilator", "cocotb-icarus"),
-                    help="RTL simulator flow (default verilator; cocotb-icarus is ~46x slower; cocotb-verilator builds very slowly, docs/rtl.md)")
+                    help="RTL simulator flow (cocotb-icarus is ~46x slower; cocotb-verilator builds very slowly, "
+                         "docs/rtl.md)")
     cs.add_argument("--waves", metavar="DIR", nargs="?", const="waveforms",
-                    help="on a mismatch, dump a VCD window around the first divergence into DIR (default waveforms/)")
+                    help="on a mismatch, dump a VCD window around the first divergence into DIR")
+    force(cs)
     cs.set_defaults(fn=cmd_cosim)
-    q = sub.add_parser("quantize", help="INT8 power-of-two post-training quantization (vai_q semantics)")
+    q = verb("quantize", "INT8 power-of-two post-training quantization (vai_q semantics)")
     q.add_argument("model", help="float ONNX model (opset 13+)")
     q.add_argument("--calib", required=True, help="calibration data: .npy [N,C,H,W], .npz ('x'), or a folder of .npy")
     q.add_argument("--method", default="diffs", choices=("maxmin", "percentile", "mse", "entropy", "diffs"),
-                   help="activation calibration method (default diffs, as vai_q_pytorch)")
+                   help="activation calibration method (diffs as vai_q_pytorch)")
     q.add_argument("--weight-method", choices=("maxmin", "diffs", "mse"), help="weights/bias method")
     q.add_argument("--statistic", choices=("modal", "max", "mean", "median"), help="per-batch reduction for diffs")
-    q.add_argument("--percentile", type=float, default=99.9999)
+    q.add_argument("--percentile", type=float_range(0, 100), default=99.9999,
+                   help="percentile for --method percentile, in (0, 100]")
     q.add_argument("--target", help="preset name, fingerprint or arch.json: DPU/CPU placement and its reasons")
-    q.add_argument("-o", "--output", default="quantize_result", help="output directory (written atomically)")
+    q.add_argument("-o", "--output", default="quantize_result", help="output directory (created, or opendpu's own)")
     q.add_argument("--quant-info", help="reuse the fix points of this quant_info.json (skip calibration)")
-    q.add_argument("--batch-size", type=int, default=8)
-    q.add_argument("--calib-limit", type=int, help="use at most N calibration samples")
+    q.add_argument("--batch-size", type=int_range(1, 65536), default=8)
+    q.add_argument("--calib-limit", type=int_range(1), help="use at most N calibration samples")
     q.add_argument("--replace-sigmoid", action="store_true", help="sigmoid -> hard-sigmoid")
     q.add_argument("--bias-corr", action="store_true", help="bias correction")
     q.add_argument("--fast-finetune", action="store_true", help="layer-wise AdaQuant-style fast finetune")
     q.add_argument("--evaluate", help="dataset (.npz with x and optional labels y): float vs quantized")
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--seed", type=SEED, default=0)
+    force(q)
     q.set_defaults(fn=cmd_quantize)
-    ip = sub.add_parser("inspect", help="DPU/CPU placement of every op of a float ONNX model, with reasons")
+    ip = verb("inspect", "DPU/CPU placement of every op of a float ONNX model, with reasons")
     ip.add_argument("model")
     ip.add_argument("--target", required=True, help="preset name, fingerprint or arch.json")
     ip.add_argument("-o", "--output", default="quantize_result", help="directory for inspect_<target>.txt")
     ip.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
-                    help="0 quiet, 1 CPU ops (default), 2 every op")
-    ip.add_argument("--image-format", help="svg or png (graph images are not generated; accepted for vai_q parity)")
+                    help="0 quiet, 1 CPU ops, 2 every op")
+    ip.add_argument("--image-format", help="not supported (graph images are not generated); an error if given")
+    force(ip)
     ip.set_defaults(fn=cmd_inspect)
-    z = sub.add_parser("zoo", help="model zoo: MACs/GOPs/params of the generated topologies; export ONNX")
+    z = verb("zoo", "model zoo: MACs/GOPs/params of the generated topologies; export ONNX")
     z.add_argument("names", nargs="*")
-    z.add_argument("--size", type=int, help="input size (default: the published one)")
+    z.add_argument("--size", type=int_range(32, 1024), help="input size (default: the published one)")
     z.add_argument("--export", metavar="DIR", help="write the float ONNX models here")
+    force(z)
     z.set_defaults(fn=cmd_zoo)
-    t = sub.add_parser("targets", help="list the ISA1 presets")
+    t = verb("targets", "list the ISA1 presets")
     t.add_argument("--json", action="store_true")
     t.set_defaults(fn=cmd_targets)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from compiler.outdir import OutputError
     from compiler.xir.graph import XModelError
+    from hw.params import HwError
     from isa.program import IsaError
     from isa.target import TargetError
     from runtime.dpu import RuntimeErrorDPU
     from runtime.ops import OpError
     from sim.executor import ExecError
     from sim.timing import DeadlockError, WatchdogError
-    from hw.params import HwError
-    args = build_parser().parse_args(argv)
-    errors = (CliError, XModelError, IsaError, TargetError, RuntimeErrorDPU, OpError, ExecError, DeadlockError,
-              WatchdogError, HwError)
+    try:
+        args = build_parser().parse_args(argv)
+    except _UsageError as e:
+        print(f"{e.prog}: error: {e}", file=sys.stderr)
+        return 2
+    _VERB[0] = f"opendpu {args.cmd}"
+    errors = (CliError, OutputError, XModelError, IsaError, TargetError, RuntimeErrorDPU, OpError, ExecError,
+              DeadlockError, WatchdogError, HwError)
     if args.cmd in ("quantize", "inspect", "zoo"):
         from quant.onnx_in import QuantError
         errors = errors + (QuantError,)
@@ -580,8 +958,19 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except errors as e:
-        print(f"opendpu {args.cmd}: error: {e}", file=sys.stderr)
+        msg = " ".join(str(e).split("\n")).strip() or type(e).__name__
+        print(f"opendpu {args.cmd}: error: {msg}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"opendpu {args.cmd}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - a bug: one line for the user, the traceback on request
+        if os.environ.get("OPENDPU_DEBUG"):
+            raise
+        msg = " ".join(str(e).split("\n")).strip()
+        print(f"opendpu {args.cmd}: internal error: {type(e).__name__}: {msg} (a bug in opendpu; rerun with "
+              f"OPENDPU_DEBUG=1 for the traceback and report it)", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

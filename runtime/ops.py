@@ -79,3 +79,12 @@ def evaluate_op(graph: Graph, op: Op, inputs: list[np.ndarray]) -> np.ndarray:
         return ref.evaluate(op.type, list(inputs), attrs, in_fix, out_fix, shape, name=op.name)
     except ref.RefError as e:
         raise OpError(str(e)) from None
+
+
+def unimplemented_ops(graph: Graph, op_names) -> list[tuple[str, str]]:
+    """(op name, op type) of the ops in `op_names` that neither the reference nor a registered custom op can
+    evaluate: checked before a run, so a missing custom op is reported before any work is done."""
+    from compiler.ref import ops as ref
+    return [(n, graph.ops[n].type) for n in op_names
+            if graph.ops[n].type not in _REGISTRY and graph.ops[n].type not in _BUILTIN
+            and graph.ops[n].type not in ref.SUPPORTED]

@@ -126,6 +126,9 @@ class Runner:
         """Run and also return per-layer int8 values by op name (and, for sim, a LayerReport)."""
         if self.dpu is None:
             return self.run(inputs), {}, None
+        if self.mode == "rtl":        # the RTL exposes only the subgraph's outputs in DDR
+            out = self.run(inputs)
+            return out, {t.op_name: v for t, v in zip(self._outputs, out)}, None
         if self.mode == "ref":
             out, vals = self.dpu.run_ref(inputs, keep=True)
             layer_vals = {n: v for n, v in vals.items()
@@ -165,6 +168,11 @@ class Runner:
             op = self.graph.ops[n]
             vals[n] = evaluate_op(self.graph, op, [vals[p] for p in op.input_ops()])
         return [vals[s.op_name] for s in self._outputs]
+
+
+def layout_name(dims) -> str:
+    """The layout the DPU uses for a tensor of this rank (NHWC for images)."""
+    return "NHWC" if len(dims) == 4 else f"{len(dims)}-D, as stored"
 
 
 def create_runner(subgraph: Subgraph, mode: str = "sim", target=None, **kw) -> Runner:
@@ -217,28 +225,67 @@ class GraphRunner:
     def get_outputs(self) -> list[TensorSpec]:
         return list(self._outputs)
 
-    def prepare_input(self, spec: TensorSpec, x: np.ndarray) -> np.ndarray:
-        """float -> fixed point with the tensor's fix_point (DPU rounding); int8 taken as fixed point."""
+    def prepare_input(self, spec: TensorSpec, x: np.ndarray, layout: str = "nhwc") -> np.ndarray:
+        """float -> fixed point with the tensor's fix_point (DPU rounding); int8 taken as fixed point.
+
+        The shape must equal the tensor's exactly (the DPU's layout is NHWC); `layout="nchw"` transposes a 4-D
+        input explicitly. Nothing is reshaped silently."""
         x = np.asarray(x)
+        if layout not in ("nhwc", "nchw"):
+            raise RuntimeErrorDPU(f"layout {layout!r}: use 'nhwc' or 'nchw'")
+        if layout == "nchw" and x.ndim == 4 and len(spec.dims) == 4:
+            x = x.transpose(0, 2, 3, 1)
         if tuple(x.shape) != spec.dims:
-            if x.size == int(np.prod(spec.dims)):
-                x = x.reshape(spec.dims)
-            else:
-                raise RuntimeErrorDPU(f"input {spec.name!r}: shape {list(x.shape)} does not match "
-                                      f"{list(spec.dims)}")
+            hint = ""
+            if x.ndim == 4 and len(spec.dims) == 4 and layout == "nhwc" and \
+                    tuple(x.shape[i] for i in (0, 2, 3, 1)) == spec.dims:
+                hint = "; it looks like NCHW: pass --layout nchw (layout='nchw') to transpose it"
+            elif layout == "nchw" and x.ndim == 4:
+                hint = " after the NCHW -> NHWC transpose"
+            raise RuntimeErrorDPU(f"input {spec.name!r}: shape {list(x.shape)} does not match the model's "
+                                  f"{list(spec.dims)} ({layout_name(spec.dims)}){hint}")
+        kind = x.dtype.kind
         if spec.dtype == "xint8":
             if x.dtype == np.int8:
                 return np.ascontiguousarray(x)
-            if np.issubdtype(x.dtype, np.floating):
+            if kind == "f":
                 if not np.all(np.isfinite(x)):
                     raise RuntimeErrorDPU(f"input {spec.name!r} contains NaN or Inf")
                 return dpu_round_quantize(x, spec.fix_point)
-            raise RuntimeErrorDPU(f"input {spec.name!r}: dtype {x.dtype}; give float32 (quantized with "
-                                  f"fix_point {spec.fix_point}) or int8 (taken as fixed point)")
+            raise RuntimeErrorDPU(f"input {spec.name!r}: dtype {x.dtype} is not accepted; give float (real values, "
+                                  f"quantized with fix_point {spec.fix_point}) or int8 (raw fixed point)")
+        if kind != "f":
+            raise RuntimeErrorDPU(f"input {spec.name!r}: dtype {x.dtype} is not accepted; the tensor is float32")
+        if not np.all(np.isfinite(x)):
+            raise RuntimeErrorDPU(f"input {spec.name!r} contains NaN or Inf")
         return np.ascontiguousarray(x, dtype=np.float32)
 
-    def run(self, inputs, keep_values: bool = False, layers: bool = False) -> GraphResult:
-        """inputs: list in get_inputs() order, or dict by tensor or op name."""
+    def output_values(self, res: "GraphResult", raw: bool = False) -> dict[str, tuple[np.ndarray, int | None]]:
+        """Graph outputs by tensor name as (array, fix_point): float32 real values by default (a fixed-point
+        output is dequantized by its tensor's fix_point, as AMD-compiled graphs do with fix2float); with `raw`,
+        the int8 fixed-point values (through a final fix2float to its int8 input) and their fix_point. An
+        output computed in float on the CPU stays float (fix_point None) either way. Needs `keep_values`."""
+        out = {}
+        for spec in self._outputs:
+            v = res.outputs[spec.name]
+            op = self.graph.ops[spec.op_name]
+            if raw:
+                if op.type == "fix2float" and op.input_ops() and op.input_ops()[0] in res.values:
+                    src = self.graph.ops[op.input_ops()[0]]
+                    fp = src.output.fix_point if src.output.fix_point is not None else op.attrs.get("fix_point")
+                    out[spec.name] = (np.asarray(res.values[src.name]).astype(np.int8), fp)
+                elif spec.dtype == "xint8":
+                    out[spec.name] = (np.asarray(v, np.int8), spec.fix_point)
+                else:
+                    out[spec.name] = (np.asarray(v, np.float32), None)
+            elif spec.dtype == "xint8" and np.asarray(v).dtype == np.int8:
+                out[spec.name] = ((np.asarray(v, np.float32) * np.float32(2.0 ** -spec.fix_point)), spec.fix_point)
+            else:
+                out[spec.name] = (np.asarray(v, np.float32), None)
+        return out
+
+    def run(self, inputs, keep_values: bool = False, layers: bool = False, layout: str = "nhwc") -> GraphResult:
+        """inputs: list in get_inputs() order, or dict by tensor or op name (NHWC, or NCHW with layout)."""
         if isinstance(inputs, dict):
             lst = []
             for s in self._inputs:
@@ -255,7 +302,7 @@ class GraphRunner:
                                   f"({[t.name for t in self._inputs]}), got {len(inputs)}")
         vals: dict[str, np.ndarray] = {}
         for spec, x in zip(self._inputs, inputs):
-            vals[spec.op_name] = self.prepare_input(spec, x)
+            vals[spec.op_name] = self.prepare_input(spec, x, layout)
         res = GraphResult({})
         if self.flat:
             self._run_flat(vals, res, layers)

@@ -1,0 +1,205 @@
+"""The one output rule of every opendpu verb that writes: never destroy anything opendpu did not write.
+
+A directory output is created when missing. An existing directory is used only when it is empty or carries
+opendpu's marker file (`.opendpu-output`, a JSON list of the files opendpu wrote there); then only those files
+are replaced and stale ones of opendpu's own removed. Anything else (`.`, an ancestor of an input, a foreign
+non-empty directory) needs `force=True`, which writes opendpu's files beside the others and replaces only
+same-named ones. A regular file is never turned into a directory. A file output may replace an existing file only
+when that file has the output's own suffix and is not an input of the command (or with `force=True`); an input
+is never overwritten. Directories get ordinary permissions (umask). Decisions: docs/decisions.md "Outputs".
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+MARKER = ".opendpu-output"
+
+
+class OutputError(ValueError):
+    """An output path that would destroy data or cannot be written; the message names it."""
+
+
+def _real(p: str) -> str:
+    return os.path.realpath(os.path.abspath(p))
+
+
+def _is_within(child: str, parent: str) -> bool:
+    child, parent = _real(child), _real(parent)
+    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+def _marker_files(d: str) -> list[str] | None:
+    """Relative paths opendpu recorded in d's marker, or None when d carries no (valid) marker."""
+    p = os.path.join(d, MARKER)
+    if not os.path.isfile(p):
+        return None
+    try:
+        with open(p) as f:
+            data = json.load(f)
+        files = data.get("files", []) if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(files, list) or not all(isinstance(x, str) for x in files):
+        return None
+    return [x for x in files if not os.path.isabs(x) and ".." not in x.split("/")]
+
+
+def _writable_parent(path: str, what: str) -> None:
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(parent):
+        raise OutputError(f"{what} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{what} {path}: directory {parent} is not writable")
+
+
+def check_dir(path: str, *, force: bool = False, inputs=(), what: str = "output directory") -> None:
+    """Raise OutputError unless `path` may be used as a directory output (creates nothing)."""
+    if not path:
+        raise OutputError(f"{what}: empty path")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise OutputError(f"{what} {path} is an existing file, not a directory (never replaced, even with --force)")
+    if not os.path.isdir(path):
+        # created later: its nearest existing ancestor must be writable
+        anc = os.path.dirname(os.path.abspath(path))
+        while anc and not os.path.exists(anc):
+            anc = os.path.dirname(anc)
+        if not os.path.isdir(anc):
+            raise OutputError(f"{what} {path}: {anc} is not a directory")
+        if not os.access(anc, os.W_OK | os.X_OK):
+            raise OutputError(f"{what} {path}: cannot create it, {anc} is not writable")
+        return
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise OutputError(f"{what} {path} is not writable")
+    entries = os.listdir(path)
+    if not entries or _marker_files(path) is not None:
+        return
+    if force:
+        return
+    holds = [i for i in inputs if i and _is_within(i, path)]
+    why = (f"it holds the input {holds[0]}" if holds else
+           f"it is not empty ({len(entries)} entries) and was not written by opendpu")
+    raise OutputError(f"{what} {path}: {why}; use another directory, or --force to write opendpu's files beside "
+                      f"the others (only same-named files are replaced)")
+
+
+def check_file(path: str, *, suffixes: tuple[str, ...] = (), force: bool = False, inputs=(),
+               what: str = "output") -> None:
+    """Raise OutputError unless `path` may be written as a file output (creates nothing)."""
+    if not path:
+        raise OutputError(f"{what}: empty path")
+    if suffixes and not path.lower().endswith(tuple(s.lower() for s in suffixes)):
+        raise OutputError(f"{what} {path}: the file name must end in {' or '.join(suffixes)}")
+    if os.path.isdir(path):
+        raise OutputError(f"{what} {path} is a directory; give a file name")
+    _writable_parent(path, what)
+    if os.path.lexists(path):
+        for i in inputs:
+            if i and os.path.exists(i) and os.path.exists(path) and os.path.samefile(i, path):
+                raise OutputError(f"{what} {path} is an input of this command; it is never overwritten")
+        own = suffixes and path.lower().endswith(tuple(s.lower() for s in suffixes))
+        if not own and not force:
+            raise OutputError(f"{what} {path} exists and is not a {'/'.join(suffixes) or 'known'} output; "
+                              f"use --force to replace it")
+        if not os.access(path, os.W_OK):
+            raise OutputError(f"{what} {path} exists and is not writable")
+
+
+def prepare_dir(path: str, *, force: bool = False, inputs=(), what: str = "output directory") -> str:
+    """check_dir, then create the directory if missing (ordinary permissions). Returns its path."""
+    check_dir(path, force=force, inputs=inputs, what=what)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def record(d: str, files: list[str]) -> None:
+    """Add files (relative to d) to d's marker, so a later run may replace them."""
+    old = _marker_files(d) or []
+    allf = sorted(set(old) | {f.replace(os.sep, "/") for f in files})
+    tmp = os.path.join(d, MARKER + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"tool": "opendpu", "files": allf}, f, indent=1)
+    os.replace(tmp, os.path.join(d, MARKER))
+
+
+def publish(tmp: str, d: str, replace_stale: bool = True, inputs=()) -> list[str]:
+    """Move every file under `tmp` into `d` (merging directories, replacing only same-named files), remove
+    stale files of opendpu's previous run in d when `replace_stale`, update the marker. An input of the command
+    is never replaced. Returns the relative paths written."""
+    written = []
+    for root, _dirs, files in os.walk(tmp):
+        for f in files:
+            dst = os.path.join(d, os.path.relpath(os.path.join(root, f), tmp))
+            for i in inputs:
+                if i and os.path.exists(i) and os.path.exists(dst) and os.path.samefile(i, dst):
+                    raise OutputError(f"output {dst} would replace the input {i}; choose another output directory")
+    for root, _dirs, files in os.walk(tmp):
+        rel_root = os.path.relpath(root, tmp)
+        dst_root = d if rel_root == "." else os.path.join(d, rel_root)
+        if os.path.lexists(dst_root) and not os.path.isdir(dst_root):
+            raise OutputError(f"cannot write into {dst_root}: it is an existing file")
+        os.makedirs(dst_root, exist_ok=True)
+        for f in files:
+            rel = os.path.normpath(os.path.join(rel_root, f))
+            dst = os.path.join(d, rel)
+            if os.path.isdir(dst):
+                raise OutputError(f"cannot write {dst}: it is an existing directory")
+            shutil.move(os.path.join(root, f), dst)
+            written.append(rel.replace(os.sep, "/"))
+    if replace_stale:
+        for rel in set(_marker_files(d) or []) - set(written):
+            p = os.path.join(d, rel)
+            if os.path.isfile(p) or os.path.islink(p):
+                os.remove(p)
+        prev = set(_marker_files(d) or [])
+        keep = [r for r in prev if os.path.exists(os.path.join(d, r))]
+        _write_marker(d, sorted(set(keep) | set(written)))
+    else:
+        record(d, written)
+    return written
+
+
+def _write_marker(d: str, files: list[str]) -> None:
+    tmp = os.path.join(d, MARKER + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"tool": "opendpu", "files": files}, f, indent=1)
+    os.replace(tmp, os.path.join(d, MARKER))
+
+
+class DirOutput:
+    """Write a directory output atomically enough: files go to a hidden temporary directory inside the
+    destination's parent-or-self, and are published only when the block succeeds. On failure nothing is left:
+    neither the temporary files nor a directory this object created.
+
+        with DirOutput(path, force=..., inputs=[...]) as tmp:
+            write files into tmp
+        out.written  # relative paths
+    """
+
+    def __init__(self, path: str, *, force: bool = False, inputs=(), what: str = "output directory"):
+        check_dir(path, force=force, inputs=inputs, what=what)
+        self.path, self.written, self._inputs = path, [], list(inputs)
+        self._created = not os.path.isdir(path)
+
+    def __enter__(self) -> str:
+        os.makedirs(self.path, exist_ok=True)
+        self._tmp = tempfile.mkdtemp(prefix=".opendpu-tmp-", dir=self.path)
+        return self._tmp
+
+    def __exit__(self, et, ev, tb) -> bool:
+        try:
+            if et is None:
+                self.written = publish(self._tmp, self.path, inputs=self._inputs)
+        finally:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            if et is not None and self._created:
+                shutil.rmtree(self.path, ignore_errors=True)
+        return False
+
+
+def remove_if_created(path: str, created: bool) -> None:
+    """Undo a directory this run created (used when the work after prepare_dir fails)."""
+    if created and os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
