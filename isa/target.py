@@ -7,8 +7,11 @@ Every other module reads bank ids, widths, depths and parallelism from here and 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 DPU_TYPE_DPUCZDX8G = 1
 ISA_VERSION = 1
@@ -34,6 +37,49 @@ PRESET_FINGERPRINTS = {
     "DPUCZDX8G_ISA1_B3136": 0x0101000056010406,
     "DPUCZDX8G_ISA1_B4096": 0x0101000056010407,
 }
+
+
+# Accepted range of every timing parameter (inclusive; clock_mhz: (0, 10000]). Cycle counts stay <= 2**40 so
+# that per-instruction costs and schedules fit the cycle model's int64 arithmetic with room to spare.
+MAX_CYCLES = 1 << 40
+TIMING_BOUNDS = {
+    "clock_mhz": (0.0, 10000.0),
+    "dsp_clock_mult": (1, 16),
+    "cores": (1, 64),
+    "fetch_latency": (0, MAX_CYCLES),
+    "fetch_fifo_words": (6, 1 << 20),
+    "queue_depth": (1, 1 << 20),
+    "ddr_latency": (0, MAX_CYCLES),
+    "ddr_bytes_per_cycle": (1, 1 << 20),
+    "ddr_ports": (1, 64),
+    "load_setup": (0, MAX_CYCLES),
+    "save_setup": (0, MAX_CYCLES),
+    "conv_latency": (0, MAX_CYCLES),
+    "alu_latency": (0, MAX_CYCLES),
+    "elew_latency": (0, MAX_CYCLES),
+    "init_cycles": (1, MAX_CYCLES),
+    "end_cycles": (1, MAX_CYCLES),
+    "watchdog_cycles": (1, MAX_CYCLES),
+}
+
+
+ARCH_JSON_KEYS = ("target", "fingerprint", "timing")
+ARCH_JSON_MAX_BYTES = 1 << 20
+
+
+def _json_type(v) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _short(v, n: int = 40) -> str:
+    """repr of a (possibly hostile) value, cut to n characters for a one-line message."""
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 1] + "…"
+
+
+def _fmt_bound(v) -> str:
+    return f"2**{v.bit_length() - 1}" if isinstance(v, int) and v >= 1 << 16 and v & (v - 1) == 0 else str(v)
 
 
 @dataclass(frozen=True)
@@ -62,24 +108,28 @@ class Timing:
     watchdog_cycles: int = 1 << 40  # a run longer than this is stopped and reported
 
     def __post_init__(self):
-        for k, v in self.__dict__.items():
+        for k, v in list(self.__dict__.items()):
+            lo, hi = TIMING_BOUNDS[k]
+            if isinstance(v, (np.integer, np.floating)) and not isinstance(v, np.bool_):
+                v = v.item()                        # numpy scalars are taken as the Python number they hold
+                object.__setattr__(self, k, v)
+            shown = _short(v)
             if k == "clock_mhz":
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                    raise TargetError(f"timing clock_mhz must be > 0, got {v}")
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                        or not lo < v <= hi:
+                    raise TargetError(f"timing clock_mhz must be > 0 and <= {hi:g} (MHz, a finite number), "
+                                      f"got {shown}")
             elif not isinstance(v, int) or isinstance(v, bool):
-                raise TargetError(f"timing {k} must be an integer, got {v!r}")
-            elif k in ("fetch_fifo_words",) and v < 6:
-                raise TargetError(f"timing fetch_fifo_words must be >= 6 (the longest instruction), got {v}")
-            elif k in ("cores", "queue_depth", "ddr_bytes_per_cycle", "ddr_ports", "dsp_clock_mult",
-                       "watchdog_cycles", "init_cycles", "end_cycles") and v < 1:
-                raise TargetError(f"timing {k} must be >= 1, got {v}")
-            elif v < 0:
-                raise TargetError(f"timing {k} must be >= 0, got {v}")
+                raise TargetError(f"timing {k} must be an integer, got {shown}")
+            elif not lo <= v <= hi:
+                why = " (the longest instruction is 6 words)" if k == "fetch_fifo_words" else ""
+                raise TargetError(f"timing {k} must be >= {lo} and <= {_fmt_bound(hi)}{why}; {shown} is out of "
+                                  f"range")
 
     def replace(self, **kw) -> "Timing":
-        bad = set(kw) - set(self.__dataclass_fields__)
+        bad = [k for k in kw if k not in self.__dataclass_fields__]
         if bad:
-            raise TargetError(f"unknown timing parameter(s) {sorted(bad)}; known: "
+            raise TargetError(f"unknown timing parameter(s) {', '.join(map(repr, bad))}; known: "
                               f"{', '.join(self.__dataclass_fields__)}")
         return replace(self, **kw)
 
@@ -264,9 +314,12 @@ class Target:
         """Registered fingerprint -> preset; other type-1/ISA-1 fingerprints decoded per spec §3.2."""
         if isinstance(fp, str):
             try:
-                fp = int(fp, 0)
+                fp = int(fp.strip(), 0)
             except ValueError:
-                raise TargetError(f"fingerprint {fp!r} is not a number (expected e.g. '0x101000056010407')")
+                raise TargetError(f"fingerprint {_short(fp)} is not a number (expected e.g. '0x101000056010407')") \
+                    from None
+        if isinstance(fp, bool) or not isinstance(fp, int):
+            raise TargetError(f"fingerprint {_short(fp)}: expected an integer or a hex string")
         if not 0 <= fp < 1 << 64:
             raise TargetError(f"fingerprint {fp:#x} does not fit in 64 bits")
         for name, pfp in PRESET_FINGERPRINTS.items():
@@ -326,26 +379,65 @@ class Target:
 
     @classmethod
     def from_arch_json(cls, path: str) -> "Target":
-        """arch.json in either Vitis AI form: {"target": NAME} or {"fingerprint": "0x…"}."""
+        """arch.json in either Vitis AI form: {"target": NAME} or {"fingerprint": "0x…"}, plus opendpu's optional
+        "timing" object. Anything else (unreadable, not a JSON object, wrong types, unknown keys) is a
+        TargetError naming the file and the key."""
+        where = f"arch.json {path}"
+        if os.path.isdir(path):
+            raise TargetError(f"{where} is a directory, not a file")
         try:
-            with open(path) as f:
-                d = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise TargetError(f"cannot read arch.json {path}: {e}") from None
+            with open(path, "rb") as f:
+                raw = f.read(ARCH_JSON_MAX_BYTES + 1)
+        except OSError as e:
+            what = "no such file" if isinstance(e, FileNotFoundError) else (e.strerror or str(e))
+            raise TargetError(f"cannot read {where}: {what}") from None
+        if len(raw) > ARCH_JSON_MAX_BYTES:
+            raise TargetError(f"{where}: larger than {ARCH_JSON_MAX_BYTES} bytes; not an arch.json")
+        try:
+            d = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise TargetError(f"{where}: not a JSON file (not UTF-8 text)") from None
+        except json.JSONDecodeError as e:
+            raise TargetError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        except RecursionError:
+            raise TargetError(f"{where}: JSON nested too deeply") from None
         if not isinstance(d, dict):
-            raise TargetError(f"arch.json {path}: expected a JSON object")
+            raise TargetError(f"{where}: expected a JSON object like {{\"target\": \"DPUCZDX8G_ISA1_B4096\"}}, "
+                              f"got a JSON {_json_type(d)}")
+        unknown = [k for k in d if k not in ARCH_JSON_KEYS]
+        if unknown:
+            raise TargetError(f"{where}: unknown key {_short(unknown[0])}; known keys: {', '.join(ARCH_JSON_KEYS)}")
+        t = None
         if "target" in d:
-            t = cls.from_name(str(d["target"]))
-        elif "fingerprint" in d:
-            t = cls.from_fingerprint(d["fingerprint"] if isinstance(d["fingerprint"], str)
-                                     else int(d["fingerprint"]))
-        else:
-            raise TargetError(f"arch.json {path}: needs a 'target' or a 'fingerprint' key")
+            name = d["target"]
+            if not isinstance(name, str):
+                raise TargetError(f"{where}: 'target' must be a string (a preset name), got a JSON {_json_type(name)}")
+            try:
+                t = cls.from_name(name)
+            except TargetError as e:
+                raise TargetError(f"{where}: 'target': {e}") from None
+        if "fingerprint" in d:
+            fp = d["fingerprint"]
+            if isinstance(fp, bool) or not isinstance(fp, (str, int)):
+                raise TargetError(f"{where}: 'fingerprint' must be a hex string like \"0x101000056010407\" or an "
+                                  f"integer, got a JSON {_json_type(fp)} {_short(fp)}")
+            try:
+                tf = cls.from_fingerprint(fp)
+            except TargetError as e:
+                raise TargetError(f"{where}: 'fingerprint': {e}") from None
+            if t is not None and t.fingerprint != tf.fingerprint:
+                raise TargetError(f"{where}: 'target' {t.name} and 'fingerprint' {_short(fp)} disagree; give one")
+            t = tf
+        if t is None:
+            raise TargetError(f"{where}: needs a 'target' or a 'fingerprint' key")
         tm = d.get("timing")
         if tm is not None:       # opendpu extension: timing parameters for the cycle model
             if not isinstance(tm, dict):
-                raise TargetError(f"arch.json {path}: 'timing' must be an object")
-            t = t.with_timing(**tm)
+                raise TargetError(f"{where}: 'timing' must be an object, got a JSON {_json_type(tm)}")
+            try:
+                t = t.with_timing(**tm)
+            except TargetError as e:
+                raise TargetError(f"{where}: {e}") from None
         return t
 
     def write_arch_json(self, path: str, form: str = "fingerprint") -> None:
@@ -393,8 +485,15 @@ def get_target(spec: "str | int | Target") -> Target:
         return spec
     if isinstance(spec, int):
         return Target.from_fingerprint(spec)
-    s = str(spec)
-    if s.endswith(".json") or os.path.isfile(s):
+    if isinstance(spec, bool) or not isinstance(spec, (str, os.PathLike)):
+        raise TargetError(f"target {_short(spec)}: expected a preset name, a fingerprint or an arch.json path")
+    s = os.fspath(spec)
+    if not s.strip():
+        raise TargetError("target: empty name; give a preset name (e.g. DPUCZDX8G_ISA1_B4096), a fingerprint or "
+                          "an arch.json path")
+    if os.path.isdir(s):
+        raise TargetError(f"target {s} is a directory, not an arch.json file or a preset name")
+    if s.endswith(".json") or os.path.isfile(s) or os.sep in s:
         return Target.from_arch_json(s)
     if s.lower().startswith("0x"):
         return Target.from_fingerprint(s)
