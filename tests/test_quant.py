@@ -350,10 +350,10 @@ def test_ops_the_target_cannot_run_stay_float(tmp_path, capsys):
     # the inspector gives the same reason
     mp = tmp_path / "m.onnx"
     onnx.save(m, mp)
-    assert cli(["inspect", str(mp), "--target", "DPUCZDX8G_ISA1_B512", "-o", str(tmp_path), "--verbose", "2"]) == 0
+    assert cli(["inspect", str(mp), "--target", "DPUCZDX8G_ISA1_B512", "-o", str(tmp_path / "insp"), "--verbose", "2"]) == 0
     out = capsys.readouterr().out
     assert "conv kernel 17x17 > 16" in out and "softmax" in out
-    txt = (tmp_path / "inspect_DPUCZDX8G_ISA1_B512.txt").read_text()
+    txt = (tmp_path / "insp" / "inspect_DPUCZDX8G_ISA1_B512.txt").read_text()
     assert "Start to inspect" in txt and "conv kernel 17x17 > 16" in txt
 
 

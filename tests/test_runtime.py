@@ -41,7 +41,7 @@ def test_mnist_digits_end_to_end(mnist_path):
     x, y = digits_as_mnist(60)
     correct = 0
     for i in range(len(x)):
-        rs, rr = sim.run([x[i]]), ref.run([x[i]])
+        rs, rr = sim.run([x[i:i + 1]]), ref.run([x[i:i + 1]])
         (ds,), (dr,) = rs.dpu_outputs.values(), rr.dpu_outputs.values()
         assert all(np.array_equal(ds[k], dr[k]) for k in ds)
         p = rs.outputs["quant_dense_1_softmax"].reshape(-1)
@@ -120,7 +120,7 @@ def test_input_errors(mnist_path):
 
 
 def test_cli_run_dump_golden_disasm(mnist_path, tmp_path, capsys):
-    x = digits_as_mnist(1)[0][0]
+    x = digits_as_mnist(1)[0][:1]
     np.save(tmp_path / "in.npy", x)
     assert cli(["run", mnist_path, "-i", str(tmp_path / "in.npy"), "-o", str(tmp_path / "ref.npz"),
                 "--backend", "ref", "--dump", str(tmp_path / "gold")]) == 0
@@ -155,7 +155,7 @@ def test_cli_errors_are_clean(tmp_path, capsys):
     assert cli(["xmodel", str(bad)]) == 2
     assert "not an xmodel" in capsys.readouterr().err
     assert cli(["run", str(tmp_path / "none.xmodel"), "-i", "x.npy"]) == 2
-    assert "cannot read xmodel" in capsys.readouterr().err
+    assert "no such file" in capsys.readouterr().err
 
 
 def test_console_script_targets():
