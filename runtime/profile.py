@@ -10,12 +10,18 @@ docs/decisions.md:
 * A SAVE belongs to the layer of the compute instruction whose token its group waits for.
 Each cycle of the run is charged to one layer. That is the layer of the active instruction, by
 priority CONV > MISC > LOAD > SAVE. An idle cycle goes to the next instruction to start. So the
-per-layer times add up exactly to the total.
+per-layer times add up exactly to the total. The cycles a layer is charged with, in time order, are its
+*span* (`SubgraphProfile.layer_runs`); the engine busy for most cycles of the span is the layer's
+*bounding engine* (`SubgraphProfile.bounding_engines`).
+
+Figures (`Profile.plot`, `Profile.figure`, drawn by runtime/plots.py) are written in the formats of
+`PLOT_FORMATS`.
 """
 from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +33,7 @@ from isa.target import Target
 from runtime.dpu import DpuSubgraph, RuntimeErrorDPU, dpu_subgraphs
 from sim.timing import ENGINES, Schedule, simulate
 
+PLOT_FORMATS = ("png", "svg", "pdf")    # figure formats of Profile.plot (the file suffix chooses)
 MB = float(1 << 20)        # vaitrace MB (LdWB of a 3x3x512x512 conv prints 2.250)
 
 # compute op types -> instruction class that realises them on ISA1 (spec §7)
@@ -74,10 +81,44 @@ class SubgraphProfile:
     ld_wb: int = 0
     ld_fm: int = 0
     st_fm: int = 0
+    runs: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), np.int64))   # [layer, start, end)
 
     @property
     def cycles(self) -> int:
         return self.schedule.total_cycles
+
+    def layer_runs(self, layer: int) -> np.ndarray:
+        """The span of `layer`: the maximal runs [start, end) of consecutive cycles charged to it, in time
+        order (an [k, 2] array). The runs of all layers tile [0, total_cycles) and a layer's runs add up to
+        its `cycles`; a layer interleaved with another one has several runs."""
+        return self.runs[self.runs[:, 0] == layer, 1:]
+
+    def layer_engine_busy(self) -> np.ndarray:
+        """[layers, 4] cycles of each layer's span in which each engine (ENGINES order) executes at least
+        one instruction, of any layer."""
+        s = self.schedule
+        out = np.zeros((len(self.layers), len(ENGINES)), np.int64)
+        if not len(self.runs):
+            return out
+        for e in range(len(ENGINES)):
+            m = s.engine == e
+            out[:, e] = np.bincount(self.runs[:, 0], weights=_busy_within(s.start[m], s.end[m], self.runs[:, 1],
+                                                                          self.runs[:, 2]),
+                                    minlength=len(self.layers))[:len(self.layers)].astype(np.int64)
+        return out
+
+    def bounding_engines(self) -> list:
+        """Per layer, its bounding engine: the engine (LOAD, SAVE, CONV or MISC) busy for the most cycles
+        of the layer's span (`layer_runs`, the cycles charged to the layer), counting the instructions of
+        any layer that run then; ties go by the charging priority CONV > MISC > LOAD > SAVE. None for a
+        layer charged with no cycle."""
+        busy = self.layer_engine_busy()
+        return [_bound(b) if ly.cycles else None for b, ly in zip(busy, self.layers)]
+
+    def bounding_engine(self) -> str | None:
+        """The bounding engine of the whole run (its span is [0, total_cycles))."""
+        busy = self.schedule.engine_busy()
+        return _bound(np.array([busy[n] for n in ENGINES])) if self.cycles else None
 
     def attribution_quality(self) -> dict:
         """Compute ops whose attributed instructions write between 1x and 1.1x their (channel-padded)
@@ -93,17 +134,50 @@ class SubgraphProfile:
         return self.schedule.latency_ms
 
 
-def _row(dpu_id, bat, name, level, wl, cycles, clock_mhz, ldwb, ldfm, stfm) -> dict:
+def _bound(busy: np.ndarray) -> str:
+    best = max(_PRIORITY, key=lambda e: (busy[e], -_PRIORITY.index(e)))
+    return ENGINES[best]
+
+
+def _busy_within(s: np.ndarray, e: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For each window [a, b): the cycles covered by the union of the intervals [s, e)."""
+    if not len(s):
+        return np.zeros(len(a))
+    o = np.argsort(s, kind="stable")
+    s, e = s[o], e[o]
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), bool)
+    new[1:] = s[1:] > reach[:-1]
+    ms = s[new]
+    me = np.maximum.reduceat(e, np.nonzero(new)[0])         # disjoint merged intervals [ms, me)
+    ln = me - ms
+    before = np.concatenate(([0], np.cumsum(ln)))           # busy cycles of the intervals before the k-th
+
+    def covered(t):                                          # busy cycles in [0, t)
+        k = np.searchsorted(ms, t, side="right") - 1
+        kk = np.maximum(k, 0)
+        return np.where(k >= 0, before[kk] + np.clip(t - ms[kk], 0, ln[kk]), 0)
+
+    return (covered(b) - covered(a)).astype(np.float64)
+
+
+def _row(dpu_id, bat, name, level, wl, cycles, clock_mhz, ldwb, ldfm, stfm, dpu_subgraph="", label="",
+         bound=None) -> dict:
     rt_ms = cycles / (clock_mhz * 1e3)
     gop = wl / 1e9
     return {"dpu_id": dpu_id, "bat": bat, "subgraph": name, "level": level, "wl_gop": gop, "rt_ms": rt_ms,
             "perf_gops": gop / (rt_ms / 1e3) if rt_ms > 0 else 0.0, "ldwb_mb": ldwb / MB, "ldfm_mb": ldfm / MB,
             "stfm_mb": stfm / MB, "avgbw_mbs": (ldwb + ldfm + stfm) / MB / (rt_ms / 1e3) if rt_ms > 0 else 0.0,
-            "cycles": int(cycles)}
+            "cycles": int(cycles), "dpu_subgraph": dpu_subgraph, "label": label or name, "bound": bound or ""}
 
 
+# `subgraph` is the vaitrace SubGraph name: the layer (child subgraph) or, on the `level` == "subgraph"
+# row, the DPU subgraph, which XIR often names after its first layer. `label` is unique across the rows:
+# the layer name, or "<DPU subgraph> (DPU subgraph total)". `dpu_subgraph` is the DPU subgraph of the row,
+# `bound` the bounding engine of its span (SubgraphProfile.bounding_engines).
 COLUMNS = ("dpu_id", "bat", "subgraph", "level", "wl_gop", "rt_ms", "perf_gops", "ldwb_mb", "ldfm_mb", "stfm_mb",
-           "avgbw_mbs", "cycles")
+           "avgbw_mbs", "cycles", "dpu_subgraph", "label", "bound")
+TOTAL_SUFFIX = " (DPU subgraph total)"
 
 
 @dataclass
@@ -120,18 +194,23 @@ class Profile:
     def total_ms(self) -> float:
         return sum(s.ms for s in self.subgraphs)
 
+    @property
+    def fps(self) -> float:
+        """Frames per second of one batch through every DPU subgraph in turn: 1000 / total_ms."""
+        return 1000.0 / self.total_ms if self.total_ms > 0 else 0.0
+
     def rows(self, layers: bool = True) -> list[dict]:
-        """vaitrace DPU Summary rows: the layers of each DPU subgraph, then the subgraph itself."""
+        """vaitrace DPU Summary rows: the layers of each DPU subgraph, then the subgraph itself (COLUMNS)."""
         out = []
         for k, sp in enumerate(self.subgraphs):
             dpu_id = f"DPUCZDX8G_{1 + k % self.cores}"
             clk = sp.target.timing.clock_mhz
             if layers:
-                for ly in sp.layers:
+                for ly, b in zip(sp.layers, sp.bounding_engines()):
                     out.append(_row(dpu_id, 1, ly.name, "layer", ly.workload, ly.cycles, clk, ly.ld_wb, ly.ld_fm,
-                                    ly.st_fm))
+                                    ly.st_fm, sp.name, ly.name, b))
             out.append(_row(dpu_id, 1, sp.name, "subgraph", sp.workload, sp.cycles, clk, sp.ld_wb, sp.ld_fm,
-                            sp.st_fm))
+                            sp.st_fm, sp.name, sp.name + TOTAL_SUFFIX, sp.bounding_engine()))
         return out
 
     def table(self) -> str:
@@ -144,30 +223,32 @@ class Profile:
                  "DPU Id | Bat | SubGraph | WL(GOP) | RT(ms) | Perf(GOP/s) | LdWB(MB) | LdFM(MB) | StFM(MB) | "
                  "AvgBw(MB/s)", ""]
         for r in self.rows(layers=True):
-            name = r["subgraph"] + (" [DPU subgraph total]" if r["level"] == "subgraph" else "")
-            lines.append(" | ".join([r["dpu_id"], str(r["bat"]), name] +
+            lines.append(" | ".join([r["dpu_id"], str(r["bat"]), r["label"]] +
                                     [num(r[c]) for c in ("wl_gop", "rt_ms", "perf_gops", "ldwb_mb", "ldfm_mb",
                                                          "stfm_mb", "avgbw_mbs")]))
         clk = self.subgraphs[0].target.timing.clock_mhz if self.subgraphs else 0
-        lines += ["", f"Total DPU time: {self.total_cycles} cycles = {self.total_ms:.3f} ms at {clk:g} MHz "
-                  f"({len(self.subgraphs)} DPU subgraph(s); a subgraph row follows its layers)",
-                  "", "Notes:", "~0~: Within range of (0, 0.001)", "Bat: DPU batch number",
+        lines += ["", "Notes:", "~0~: Within range of (0, 0.001)", "Bat: DPU batch number",
                   "WL(GOP): Workload", "RT(ms): Run time", "Perf(GOP/s)",
                   "LdWB(MB): External memory load size of bias and weight",
                   "LdFM(MB): External memory load size of feature map",
                   "StFM(MB): External memory store size of feature map",
-                  "AvgBw(MB/s): External memory average bandwidth"]
+                  "AvgBw(MB/s): External memory average bandwidth",
+                  "(DPU subgraph total): the row of a DPU subgraph, after the rows of its layers", "",
+                  f"Total DPU time: {self.total_cycles} cycles = {self.total_ms:.3f} ms at {clk:g} MHz for one "
+                  f"batch ({len(self.subgraphs)} DPU subgraph(s)) = {self.fps:.1f} fps"]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         return {"model": self.model, "total_cycles": self.total_cycles, "total_ms": self.total_ms,
-                "rows": self.rows(layers=True),
+                "fps": self.fps, "rows": self.rows(layers=True),
                 "subgraphs": [dict(name=sp.name, target=sp.target.name, fingerprint=(
                     f"0x{sp.target.fingerprint:016X}" if sp.target.fingerprint is not None else None),
                     **{k: v for k, v in sp.schedule.summary().items() if k != "target"},
                     attribution_quality=sp.attribution_quality(),
                     attribution=[dict(layer=ly.name, expected={e[1]: e[2] for e in ly.expected},
-                                      produced=ly.produced, instructions=ly.instructions) for ly in sp.layers])
+                                      produced=ly.produced, instructions=ly.instructions, bound=b,
+                                      span=sp.layer_runs(li).tolist())
+                                 for li, (ly, b) in enumerate(zip(sp.layers, sp.bounding_engines()))])
                     for sp in self.subgraphs]}
 
     def write_json(self, path: str) -> None:
@@ -236,48 +317,23 @@ class Profile:
         with open(path, "w") as f:
             json.dump(self.trace(), f)
 
-    def plot(self, path: str, bins: int = 200) -> None:
-        """Engine utilisation over time (fraction of each time bin an engine is busy), one panel per
-        DPU subgraph."""
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        n = len(self.subgraphs)
-        fig, axes = plt.subplots(n, 1, figsize=(10, 2.6 * n), squeeze=False)
-        for ax, sp in zip(axes[:, 0], self.subgraphs):
-            s = sp.schedule
-            tot = max(1, s.total_cycles)
-            edges = np.linspace(0, tot, bins + 1)
-            for e, name in enumerate(ENGINES):
-                m = s.engine == e
-                u = _busy_per_bin(s.start[m], s.end[m], edges)
-                ax.plot(edges[:-1] / s.clock_mhz / 1e3, u, label=f"{name} ({100 * s.engine_busy()[name] / tot:.0f}%)")
-            ax.set_ylim(0, 1.05)
-            ax.set_ylabel("utilisation")
-            short = sp.name if len(sp.name) <= 60 else "…" + sp.name[-59:]
-            ax.set_title(f"{short} on {sp.target.name}: {s.total_cycles} cycles, {s.latency_ms:.3f} ms "
-                         f"at {s.clock_mhz:g} MHz", fontsize=9)
-            ax.legend(loc="upper right", fontsize=7)
-        axes[-1, 0].set_xlabel("time (ms)")
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+    def figure(self):
+        """The profile figure (a matplotlib Figure on the Agg canvas, see runtime/plots.py): per DPU
+        subgraph a layer strip, one Gantt lane per engine and a per-layer time chart coloured by each
+        layer's bounding engine."""
+        from runtime.plots import build_figure
+        return build_figure(self)
 
-
-def _busy_per_bin(s: np.ndarray, e: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Busy fraction of each bin for intervals [s, e) (overlaps counted once via clipping to 1)."""
-    w = np.diff(edges)
-    out = np.zeros(len(w))
-    if not len(s):
-        return out
-    cs = np.clip(s[:, None], edges[None, :-1], edges[None, 1:]) if len(s) * len(w) <= 4_000_000 else None
-    if cs is not None:
-        ce = np.clip(e[:, None], edges[None, :-1], edges[None, 1:])
-        out = (ce - cs).sum(axis=0)
-    else:
-        for a, b in zip(s, e):
-            out += np.clip(np.minimum(b, edges[1:]) - np.maximum(a, edges[:-1]), 0, None)
-    return np.minimum(out / w, 1.0)
+    def plot(self, path: str) -> None:
+        """Write `figure()` to `path`; the suffix picks the format, one of PLOT_FORMATS (else ValueError)."""
+        fmt = os.path.splitext(os.fspath(path))[1].lower().lstrip(".")
+        if fmt not in PLOT_FORMATS:
+            raise ValueError(f"cannot write a figure to {os.fspath(path)}: unsupported suffix "
+                             f"{'.' + fmt if fmt else '(none)'}; use one of "
+                             f"{', '.join('.' + f for f in PLOT_FORMATS)}")
+        from runtime.plots import save_figure
+        fig = self.figure()
+        save_figure(fig, path, fmt)
 
 
 # ---- attribution ------------------------------------------------------------------------------------
@@ -435,9 +491,10 @@ def _attribute(dpu: DpuSubgraph, s: Schedule, layers: list[Layer]) -> np.ndarray
     return lay
 
 
-def _charge_cycles(s: Schedule, lay: np.ndarray, nlayers: int) -> np.ndarray:
+def _charge_cycles(s: Schedule, lay: np.ndarray, nlayers: int) -> tuple[np.ndarray, np.ndarray]:
     """Cycles per layer: each cycle to the active instruction of highest priority (CONV > MISC > LOAD >
-    SAVE), idle cycles to the next instruction to start. Sums to total_cycles exactly."""
+    SAVE), idle cycles to the next instruction to start. Sums to total_cycles exactly. Also the runs
+    [layer, start, end) of consecutive cycles charged to one layer, in time order (they tile the run)."""
     total = s.total_cycles
     cuts = np.unique(np.concatenate(([0, total], s.start, s.end)))
     cuts = cuts[(cuts >= 0) & (cuts <= total)]
@@ -464,7 +521,13 @@ def _charge_cycles(s: Schedule, lay: np.ndarray, nlayers: int) -> np.ndarray:
         nx = np.searchsorted(s.start[so], seg_s[idle], side="left")
         nx = np.minimum(nx, len(so) - 1)
         owner[idle] = so[nx]
-    return np.bincount(lay[owner], weights=seg_len, minlength=nlayers).astype(np.int64)
+    seg_lay = lay[owner]
+    cycles = np.bincount(seg_lay, weights=seg_len, minlength=nlayers).astype(np.int64)
+    first = np.concatenate(([True], seg_lay[1:] != seg_lay[:-1])) if len(seg_lay) else np.zeros(0, bool)
+    k = np.nonzero(first)[0]
+    runs = np.stack([seg_lay[k], seg_s[k], np.append(seg_s[k[1:]], total)], axis=1) if len(k) else \
+        np.zeros((0, 3), np.int64)
+    return cycles, runs.astype(np.int64)
 
 
 def profile_subgraph(dpu: DpuSubgraph, target: Target | None = None) -> SubgraphProfile:
@@ -481,7 +544,7 @@ def profile_subgraph(dpu: DpuSubgraph, target: Target | None = None) -> Subgraph
     sp = SubgraphProfile(dpu.name, t, s, layers, lay, int(dpu.sg.attrs.get("workload") or 0),
                          int(s.ddr_read[wb].sum()), int(s.ddr_read[is_ld & ~wb].sum()), int(s.ddr_write.sum()))
     if layers:
-        cyc = _charge_cycles(s, lay, len(layers))
+        cyc, sp.runs = _charge_cycles(s, lay, len(layers))
         for li, ly in enumerate(layers):
             m = lay == li
             ly.cycles = int(cyc[li])
@@ -510,4 +573,5 @@ def profile_graph(graph: Graph, target: Target | None = None, timing: dict | Non
     return Profile(model or graph.name, subs, cores)
 
 
-__all__ = ["Profile", "SubgraphProfile", "Layer", "profile_graph", "profile_subgraph", "COLUMNS"]
+__all__ = ["Profile", "SubgraphProfile", "Layer", "profile_graph", "profile_subgraph", "COLUMNS", "PLOT_FORMATS",
+           "TOTAL_SUFFIX"]
