@@ -442,7 +442,10 @@ def cmd_profile(a) -> int:
     tgt = get_target(a.target) if a.target else None
     from runtime.dpu import DpuSubgraph, dpu_subgraphs
     for sg in dpu_subgraphs(g):
-        DpuSubgraph(g, sg).validate(tgt)
+        dpu = DpuSubgraph(g, sg)
+        if a.target:
+            _check_target(dpu, a.target)
+        dpu.validate(tgt)
     _warm_kernels()
     prof = profile_graph(g, target=tgt, timing=tm, model=os.path.basename(a.model))
     text = prof.table()
@@ -859,7 +862,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", metavar="P.json", help="write the profile as JSON")
     pr.add_argument("--csv", metavar="P.csv", help="write the DPU summary rows as CSV")
     pr.add_argument("--instructions", metavar="I.csv", help="write one CSV row per instruction")
-    pr.add_argument("--plot", metavar="P.png", help="write the engine lanes + per-layer figure (.png/.svg/.pdf)")
+    pr.add_argument("--plot", metavar="P.png", help="write the figure: engine lanes with layer bands, per-layer cycles coloured by "
+                                                  "the bounding engine (.png/.svg/.pdf)")
     pr.add_argument("--txt", metavar="P.txt", help="also write the text summary to this file")
     plugin(pr)
     force(pr)
