@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from compiler.xir.graph import Graph, Op
+from compiler.xir.graph import Graph, Op, XModelError
 
 _REGISTRY: dict[str, Callable[[Op, list[np.ndarray]], np.ndarray]] = {}
 
@@ -43,7 +43,15 @@ def _const(op: Op, ins: list[np.ndarray]) -> np.ndarray:
     data = op.attrs.get("data")
     if not data:
         raise OpError(f"const op {op.name!r} carries no data (stripped consts live in a DPU parameter blob)")
-    return np.frombuffer(bytes(data), dtype=op.output.numpy_dtype).reshape(op.output.shape)
+    if not isinstance(data, (bytes, bytearray)):
+        raise OpError(f"const op {op.name!r}: attribute data is a {type(data).__name__}, not bytes")
+    dt = op.output.numpy_dtype
+    shape = [int(d) for d in op.output.shape]
+    n = int(np.prod(shape)) if shape else 1
+    if len(data) != n * dt.itemsize:
+        raise OpError(f"const op {op.name!r}: {len(data)} bytes of data for shape {shape} of {dt} "
+                      f"({n * dt.itemsize} bytes)")
+    return np.frombuffer(bytes(data), dtype=dt).reshape(shape)
 
 
 _BUILTIN = {"upload": _identity, "download": _identity, "identity": _identity, "const": _const,
@@ -58,9 +66,19 @@ def evaluate_op(graph: Graph, op: Op, inputs: list[np.ndarray]) -> np.ndarray:
     if fn is not None:
         try:
             out = fn(op, list(inputs))
+        except (OpError, XModelError):            # a built-in op's own error already names the op
+            raise
         except Exception as e:   # a user implementation failing is reported with the op named
-            raise OpError(f"op {op.name!r} ({op.type}): implementation raised {type(e).__name__}: {e}") from e
-        out = np.asarray(out)
+            msg = " ".join(str(e).split())
+            raise OpError(f"op {op.name!r} ({op.type}): implementation raised {type(e).__name__}: {msg}") from e
+        try:
+            out = np.asarray(out)
+        except Exception as e:  # noqa: BLE001 - whatever a user implementation returned
+            raise OpError(f"op {op.name!r} ({op.type}): implementation returned a {type(out).__name__}, not an "
+                          f"array ({type(e).__name__})") from e
+        if out.dtype.kind not in "biuf":
+            raise OpError(f"op {op.name!r} ({op.type}): implementation returned dtype {out.dtype}, not numbers "
+                          f"(the graph says {op.output.dtype_name})")
         if out.shape != shape:
             if out.size == int(np.prod(shape)):
                 out = out.reshape(shape)
@@ -79,6 +97,14 @@ def evaluate_op(graph: Graph, op: Op, inputs: list[np.ndarray]) -> np.ndarray:
         return ref.evaluate(op.type, list(inputs), attrs, in_fix, out_fix, shape, name=op.name)
     except ref.RefError as e:
         raise OpError(str(e)) from None
+    except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError, FloatingPointError,
+            MemoryError) as e:
+        # the reference op could not use this op's attributes or inputs (a corrupted or hand-edited xmodel);
+        # the cause stays chained for OPENDPU_DEBUG tracebacks
+        msg = " ".join(str(e).split())[:200]
+        raise OpError(f"op {op.name!r} ({op.type}): cannot evaluate it with its attributes "
+                      f"{sorted(op.attrs)[:8]} and input shapes {[list(np.shape(x)) for x in inputs]}: "
+                      f"{type(e).__name__}: {msg}") from e
 
 
 def unimplemented_ops(graph: Graph, op_names) -> list[tuple[str, str]]:

@@ -27,6 +27,25 @@ class XModelError(ValueError):
     """A file that is not a readable xmodel, or a graph that breaks the XIR rules."""
 
 
+# Sanity limits a loaded graph must respect (a corrupted or hostile file is refused with XModelError instead of
+# failing later with MemoryError/OverflowError). XIR dims are int32; one tensor holds at most 2**32 elements
+# (DPU DDR addresses are 32-bit); a fix point beyond ±64 cannot scale an 8..32-bit value within float32 range.
+MAX_DIM = (1 << 31) - 1
+MAX_TENSOR_ELEMENTS = 1 << 32
+FIX_POINT_RANGE = (-64, 64)
+MAX_REG_SIZE = 1 << 32
+MAX_XMODEL_BYTES = 1 << 32
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _short(v, n: int = 40) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 1] + "…"
+
+
 # ---------------------------------------------------------------------------------------------
 # AttrValue <-> Python
 # ---------------------------------------------------------------------------------------------
@@ -207,14 +226,28 @@ class Tensor:
         """Fractional bits (spec §7.1): `fix_point`, else the quantizer's `quant_out_quantize_pos`."""
         for k in ("fix_point", "quant_out_quantize_pos"):
             if k in self.attrs:
-                return int(self.attrs[k])
+                v = self.attrs[k]
+                if not _is_int(v):
+                    raise XModelError(f"tensor {self.name!r}: attribute {k} = {_short(v)} is not an integer")
+                return int(v)
         return None
 
     @property
     def numpy_dtype(self) -> np.dtype:
-        if self.data_type in (4, 5):
-            return np.dtype(np.float32 if self.bit_width == 32 else np.float16)
-        bits = max(8, self.bit_width)
+        """The numpy dtype holding this tensor's values (sub-byte and odd widths widened to 8/16/32/64 bits)."""
+        bw = self.bit_width
+        if self.data_type == 5:                     # BFLOAT16 has no numpy type: held as float32
+            return np.dtype(np.float32)
+        if self.data_type == 4:
+            if bw not in (16, 32, 64):
+                raise XModelError(f"tensor {self.name!r}: FLOAT with bit width {bw} (expected 16, 32 or 64)")
+            return np.dtype(f"float{bw}")
+        if self.data_type not in (0, 1, 2, 3):
+            raise XModelError(f"tensor {self.name!r}: data type {self.data_type} ({self.dtype_name}) has no numpy "
+                              f"equivalent")
+        if not 1 <= bw <= 64:
+            raise XModelError(f"tensor {self.name!r}: bit width {bw} out of range 1..64")
+        bits = next(b for b in (8, 16, 32, 64) if bw <= b)
         signed = self.data_type in (0, 2)
         return np.dtype(f"{'int' if signed else 'uint'}{bits}")
 
@@ -288,6 +321,97 @@ class Subgraph:
 
     def get(self, name: str, default=None):
         return self.attrs.get(name, default)
+
+
+def _check_tensor(op: Op) -> None:
+    """Shape, data type, bit width, fix point and DDR-location attributes of an op's output tensor."""
+    t = op.output
+    if t is None:
+        return
+    where = f"op {op.name!r} ({op.type}): output tensor {t.name!r}"
+    shape = list(t.shape)
+    for i, d in enumerate(shape):
+        if not _is_int(d):
+            raise XModelError(f"{where}: dimension {i} is {_short(d)}, not an integer")
+        if d < 0:
+            raise XModelError(f"{where}: dimension {i} is negative ({d})")
+        if d > MAX_DIM:
+            hint = " (a negative number stored as uint32?)" if d >= 1 << 31 else ""
+            raise XModelError(f"{where}: dimension {i} is {d}, beyond the XIR limit {MAX_DIM}{hint}")
+    n = 1
+    for d in shape:
+        n *= int(d)
+    if n > MAX_TENSOR_ELEMENTS:
+        raise XModelError(f"{where}: shape {shape} has {n} elements, more than the {MAX_TENSOR_ELEMENTS} (2**32) "
+                          f"an xmodel tensor may hold")
+    if t.data_type not in DATA_TYPES:
+        raise XModelError(f"{where}: unknown data type code {t.data_type} (known: "
+                          f"{', '.join(f'{k} {v}' for k, v in DATA_TYPES.items())})")
+    if not 1 <= t.bit_width <= 64:
+        raise XModelError(f"{where}: bit width {t.bit_width} out of range 1..64")
+    if t.data_type == 4 and t.bit_width not in (16, 32, 64):
+        raise XModelError(f"{where}: FLOAT with bit width {t.bit_width} (expected 16, 32 or 64)")
+    lo, hi = FIX_POINT_RANGE
+    for k in ("fix_point", "quant_out_quantize_pos"):
+        if k in t.attrs:
+            v = t.attrs[k]
+            if not _is_int(v):
+                raise XModelError(f"{where}: attribute {k} = {_short(v)} is not an integer")
+            if not lo <= v <= hi:
+                raise XModelError(f"{where}: attribute {k} = {v} is out of range {lo}..{hi}")
+    for k in ("reg_id", "ddr_addr"):
+        if k in t.attrs:
+            v = t.attrs[k]
+            if not _is_int(v):
+                raise XModelError(f"{where}: attribute {k} = {_short(v)} is not an integer")
+            if not 0 <= v < MAX_REG_SIZE:
+                raise XModelError(f"{where}: attribute {k} = {v} is out of range 0..{MAX_REG_SIZE - 1}")
+    if "stride" in t.attrs:
+        st = t.attrs["stride"]
+        if not isinstance(st, list) or not all(_is_int(x) and 0 <= x < MAX_REG_SIZE for x in st):
+            raise XModelError(f"{where}: attribute stride = {_short(st)} is not a list of non-negative integers")
+        if len(st) != len(shape):
+            raise XModelError(f"{where}: attribute stride {st} has {len(st)} entries for the {len(shape)}-D shape "
+                              f"{shape}")
+
+
+_SUBGRAPH_ATTR_TYPES = {
+    "device": (str, "a string"), "dpu_fingerprint": (int, "an integer"), "mc_code": (bytes, "bytes"),
+    "dpu_name": (str, "a string"), "children_topological_sort": (list, "a list of subgraph names"),
+    "reg_id_to_size": (dict, "a map REG_n -> size"), "reg_id_to_parameter_value": (dict, "a map REG_n -> bytes"),
+    "reg_id_to_context_type": (dict, "a map REG_n -> context type"),
+    "reg_id_to_context_type_v2": (dict, "a map REG_n -> context type"),
+}
+
+
+def _check_subgraph(sg: Subgraph) -> None:
+    """Types of the subgraph attributes the runtime reads (a DPU subgraph's program, registers, fingerprint)."""
+    where = f"subgraph {sg.name!r}"
+    for k, (typ, what) in _SUBGRAPH_ATTR_TYPES.items():
+        if k not in sg.attrs:
+            continue
+        v = sg.attrs[k]
+        ok = _is_int(v) if typ is int else isinstance(v, typ)
+        if not ok:
+            raise XModelError(f"{where}: attribute {k} is {type(v).__name__} {_short(v)}, expected {what}")
+    if sg.attrs.get("dpu_fingerprint") is not None and not 0 <= sg.attrs["dpu_fingerprint"] < 1 << 64:
+        raise XModelError(f"{where}: dpu_fingerprint {sg.attrs['dpu_fingerprint']} does not fit in 64 bits")
+    names = sg.attrs.get("children_topological_sort")
+    if names is not None and not all(isinstance(n, str) for n in names):
+        raise XModelError(f"{where}: children_topological_sort holds non-string entries")
+    for k in ("reg_id_to_size", "reg_id_to_parameter_value", "reg_id_to_context_type", "reg_id_to_context_type_v2"):
+        m = sg.attrs.get(k)
+        if not m:
+            continue
+        for reg, v in m.items():
+            if not isinstance(reg, str) or not reg.startswith("REG_") or not reg[4:].isdigit():
+                raise XModelError(f"{where}: {k} has a bad register key {_short(reg)} (expected REG_<n>)")
+            if k == "reg_id_to_size" and (not _is_int(v) or not 0 <= v <= MAX_REG_SIZE):
+                raise XModelError(f"{where}: {k}[{reg}] = {_short(v)} is not a size in 0..{MAX_REG_SIZE} bytes")
+            if k == "reg_id_to_parameter_value" and not isinstance(v, (bytes, bytearray)):
+                raise XModelError(f"{where}: {k}[{reg}] is {type(v).__name__}, not bytes")
+            if k.startswith("reg_id_to_context_type") and not isinstance(v, str):
+                raise XModelError(f"{where}: {k}[{reg}] is {type(v).__name__}, not a context type string")
 
 
 class Graph:
@@ -408,7 +532,19 @@ class Graph:
         return out
 
     def validate(self) -> None:
-        """Check the XIR rules a loader relies on: known producers, no cycle, a partitioning tree."""
+        """Check the XIR rules a loader relies on: known producers, no cycle, a partitioning tree, and values
+        every reader can use (tensor shapes, types and fix points, interface and DPU subgraph attribute types)."""
+        for op in self.ops.values():
+            if not op.name:
+                raise XModelError("an op has an empty name")
+            if not op.type:
+                raise XModelError(f"op {op.name!r} has an empty type")
+            _check_tensor(op)
+            if "data" in op.attrs and not isinstance(op.attrs["data"], (bytes, bytearray)):
+                raise XModelError(f"op {op.name!r} ({op.type}): attribute data is a {type(op.attrs['data']).__name__}, "
+                                  f"not bytes")
+        for sg in self.root.walk():
+            _check_subgraph(sg)
         for op in self.ops.values():
             for p in op.input_ops():
                 if p not in self.ops:
@@ -499,27 +635,40 @@ class Graph:
 
     @classmethod
     def deserialize(cls, data: bytes, source: str = "<bytes>") -> "Graph":
+        """A Graph from serialized bytes; anything unreadable or inconsistent is an XModelError that names
+        `source` and what is wrong (never a protobuf, numpy or Python error)."""
+        if not data:
+            raise XModelError(f"{source}: not an xmodel (empty file)")
         g = pb.Graph()
         try:
             g.ParseFromString(data)
-        except (DecodeError, ValueError, RuntimeError) as e:
-            raise XModelError(f"{source}: not an xmodel (protobuf decode failed: {e})") from None
+        except (DecodeError, ValueError, RuntimeError, RecursionError) as e:
+            why = " ".join(str(e).split()) or type(e).__name__
+            raise XModelError(f"{source}: not an xmodel (protobuf decode failed: {why})") from None
         if not g.graph_name and not g.op_node:
             raise XModelError(f"{source}: not an xmodel (no graph name and no ops)")
-        graph = cls.from_proto(g)
         try:
+            graph = cls.from_proto(g)
             graph.validate()
         except XModelError as e:
             raise XModelError(f"{source}: {e}") from None
+        except RecursionError:
+            raise XModelError(f"{source}: subgraph tree nested too deeply") from None
         return graph
 
     @classmethod
     def load(cls, path: str) -> "Graph":
+        if os.path.isdir(path):
+            raise XModelError(f"cannot read xmodel {path}: is a directory, not a file")
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                data = f.read(MAX_XMODEL_BYTES + 1)
+        except FileNotFoundError:
+            raise XModelError(f"cannot read xmodel {path}: no such file") from None
         except OSError as e:
-            raise XModelError(f"cannot read xmodel {path}: {e.strerror}") from None
+            raise XModelError(f"cannot read xmodel {path}: {e.strerror or e}") from None
+        if len(data) > MAX_XMODEL_BYTES:
+            raise XModelError(f"xmodel {path} is larger than {MAX_XMODEL_BYTES} bytes")
         return cls.deserialize(data, path)
 
     def __repr__(self) -> str:
