@@ -2,6 +2,8 @@
 
 `decode` turns mc_code bytes (little-endian 32-bit words) into `Instruction`s; `encode` is its inverse.
 `to_text`/`from_text` use the `NAME dpdon dpdby field value …` form of spec §4.4.
+`decode_lenient` and `disasm` give a listing that goes on past undecodable words (with instruction indices,
+layer names and static-check findings) for reading, not for re-assembly.
 `decode_arrays` gives the same content as flat numpy arrays for the executor and the cycle model.
 Every malformed input raises `IsaError` naming the instruction index, the field and its allowed range.
 """
@@ -99,6 +101,29 @@ class Instruction:
         return " ".join(parts)
 
 
+def _decode_one(words: np.ndarray, pos: int, idx: int) -> tuple[Instruction, int]:
+    """The instruction at word `pos` of `words` and its length in words; IsaError (naming instruction
+    `idx`) for an unknown opcode, a truncated instruction or reserved bits that are set."""
+    n = len(words)
+    w0 = int(words[pos])
+    opc = w0 >> 28
+    info = BY_OPCODE.get(opc)
+    if info is None:
+        raise IsaError(f"unknown opcode 0x{opc:X} at word {pos} (byte offset {4 * pos})", idx)
+    if pos + info.words > n:
+        raise IsaError(f"{info.mnemonic} needs {info.words} words but the stream ends after "
+                       f"{n - pos} (truncated at byte {4 * n})", idx)
+    ws = [int(x) for x in words[pos:pos + info.words]]
+    for k, (w, m) in enumerate(zip(ws, RESERVED[info.mnemonic])):
+        if w & m:
+            raise IsaError(f"{info.mnemonic} word {k} sets reserved bits 0x{w & m:08X} (reserved bits "
+                           f"must be 0)", idx)
+    fl = {}
+    for f in FIELDS[info.mnemonic]:
+        fl[f.name] = ((ws[f.word] >> f.lsb) & ((1 << f.width) - 1)) + (1 if f.minus_one else 0)
+    return Instruction(info.mnemonic, (w0 >> 24) & 15, (w0 >> 20) & 15, fl), info.words
+
+
 def decode(mc: bytes | bytearray | memoryview | np.ndarray, require_end: bool = True) -> list[Instruction]:
     """mc_code bytes -> instructions. Unknown opcodes, truncation and a missing END raise IsaError."""
     words = _as_words(mc)
@@ -107,30 +132,110 @@ def decode(mc: bytes | bytearray | memoryview | np.ndarray, require_end: bool = 
     n = len(words)
     while pos < n:
         idx = len(out)
-        w0 = int(words[pos])
-        opc = w0 >> 28
-        info = BY_OPCODE.get(opc)
-        if info is None:
-            raise IsaError(f"unknown opcode 0x{opc:X} at word {pos} (byte offset {4 * pos})", idx)
-        if pos + info.words > n:
-            raise IsaError(f"{info.mnemonic} needs {info.words} words but the stream ends after "
-                           f"{n - pos} (truncated at byte {4 * n})", idx)
-        ws = [int(x) for x in words[pos:pos + info.words]]
-        for k, (w, m) in enumerate(zip(ws, RESERVED[info.mnemonic])):
-            if w & m:
-                raise IsaError(f"{info.mnemonic} word {k} sets reserved bits 0x{w & m:08X} (reserved bits "
-                               f"must be 0)", idx)
-        fl = {}
-        for f in FIELDS[info.mnemonic]:
-            fl[f.name] = ((ws[f.word] >> f.lsb) & ((1 << f.width) - 1)) + (1 if f.minus_one else 0)
-        out.append(Instruction(info.mnemonic, (w0 >> 24) & 15, (w0 >> 20) & 15, fl))
-        pos += info.words
-        if info.mnemonic == "END":
+        ins, nw = _decode_one(words, pos, idx)
+        out.append(ins)
+        pos += nw
+        if ins.op == "END":
             if pos != n:
                 raise IsaError(f"END at word {pos - 1} is followed by {n - pos} more words", idx)
     if require_end and (not out or out[-1].op != "END"):
         raise IsaError(f"stream of {len(out)} instructions does not end with END", len(out))
     return out
+
+
+@dataclass
+class Decoded:
+    """One entry of `decode_lenient`: an instruction, or the words that could not be decoded (`error`)."""
+
+    index: int                      # instruction index (an undecodable entry counts as one instruction)
+    word: int                       # position of its first word in the stream
+    words: tuple[int, ...]          # its raw words
+    instruction: Instruction | None
+    error: str | None = None        # why the words are not an instruction (decode's IsaError text)
+    note: str | None = None         # a stream-level problem found at this entry (e.g. words after END)
+
+
+def decode_lenient(mc) -> list[Decoded]:
+    """Like `decode`, but never stops: an unknown opcode becomes a one-word invalid entry, reserved bits
+    an invalid entry of the opcode's length, a truncated tail one invalid entry; words after END are
+    decoded on (END carries a note), as are trailing bytes that do not fill a word."""
+    b = mc.tobytes() if isinstance(mc, np.ndarray) and mc.dtype == np.uint32 else bytes(mc)
+    nwhole = len(b) // 4 * 4
+    words = np.frombuffer(b[:nwhole], dtype="<u4")
+    out: list[Decoded] = []
+    pos, n = 0, len(words)
+    while pos < n:
+        idx = len(out)
+        try:
+            ins, nw = _decode_one(words, pos, None)
+            err = None
+        except IsaError as e:
+            ins, err = None, str(e)
+            info = BY_OPCODE.get(int(words[pos]) >> 28)
+            nw = 1 if info is None else min(info.words, n - pos)
+        d = Decoded(idx, pos, tuple(int(x) for x in words[pos:pos + nw]), ins, err)
+        if ins is not None and ins.op == "END" and pos + nw != n:
+            d.note = f"END at word {pos} is followed by {n - pos - nw} more words"
+        out.append(d)
+        pos += nw
+    if nwhole != len(b):
+        out.append(Decoded(len(out), n, (), None, f"mc_code length {len(b)} bytes is not a multiple of 4 "
+                                                  f"(truncated stream)"))
+    return out
+
+
+def disasm(mc, target=None, reg_sizes: dict[int, int] | None = None, layer_of=None) -> str:
+    """Readable listing of mc_code: one line per instruction, `index  TEXT`, where TEXT is the assembly of
+    `to_text` (or `<invalid: reason> [words]` for words that do not decode; the listing goes on).
+
+    With `target` (an isa.target.Target), the static check (isa.check.check_program, with `reg_sizes` if
+    given, else without the register/DDR-bounds checks) annotates each instruction the executor would reject
+    with `; ! field=value: message`; undecodable entries are left out of that check. `layer_of[i]` (a
+    sequence or mapping; None entries allowed) adds `; layer NAME`. A stream that does not end with END gets
+    a last `; !` line."""
+    entries = decode_lenient(mc)
+    notes: dict[int, list[str]] = {}
+    if target is not None:
+        from .check import check_program
+        valid = [d for d in entries if d.instruction is not None]
+        # the executor stops at the first END: check up to it, as the machine would run it
+        for k, d in enumerate(valid):
+            if d.instruction.op == "END":
+                valid = valid[:k + 1]
+                break
+        if valid:
+            for p in check_program([d.instruction for d in valid], target, reg_sizes):
+                fld = f"{p.field}={p.value}: " if p.field is not None else ""
+                notes.setdefault(valid[p.index].index, []).append(f"{fld}{p.message}")
+    width = max(5, len(str(len(entries))))
+    lines = []
+    for d in entries:
+        if d.instruction is not None:
+            body = d.instruction.to_text()
+        else:
+            body = f"<invalid: {d.error}>" + (" [" + " ".join(f"0x{w:08X}" for w in d.words) + "]" if d.words else "")
+        parts = [f"{d.index:>{width}}  {body}"]
+        name = _layer_name(layer_of, d.index)
+        if name is not None:
+            parts.append(f"; layer {name}")
+        if d.note:
+            parts.append(f"; ! {d.note}")
+        parts += [f"; ! {m}" for m in notes.get(d.index, ())]
+        lines.append("  ".join(parts))
+    last = next((d for d in reversed(entries) if d.instruction is not None or d.words), None)
+    if last is None or last.instruction is None or last.instruction.op != "END":
+        lines.append(f"{'':>{width}}  ; ! stream of {len(entries)} instructions does not end with END")
+    return "".join(line + "\n" for line in lines)
+
+
+def _layer_name(layer_of, i: int) -> str | None:
+    if layer_of is None:
+        return None
+    try:
+        v = layer_of[i]
+    except (IndexError, KeyError):
+        return None
+    return None if v is None else str(v)
 
 
 def _as_words(mc) -> np.ndarray:

@@ -2,7 +2,9 @@
 
 `DpuSubgraph` gathers what running one DPU subgraph needs: its target (from `dpu_fingerprint`), register
 sizes and context types, CONST parameter blobs, the decoded program, and the DDR images of its interface
-tensors. It executes either on the instruction executor (`run_sim`) or on the XIR reference (`run_ref`).
+tensors. It executes either on the instruction executor (`run_sim`), on the RTL (`run_rtl`) or on the XIR reference
+(`run_ref`). `validate` is the static program check (isa/check.py) that `run_sim` and `run_rtl` apply first,
+so every backend rejects a bad program with the executor's message.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiler.xir.graph import Graph, Op, Subgraph, Tensor, XModelError
+from isa.check import Problem, ProgramCheckError, check_program
 from isa.program import IsaError, ProgramArrays, decode, to_arrays
 from isa.target import Target, TargetError
 
@@ -131,6 +134,7 @@ class DpuSubgraph:
         except IsaError as e:
             raise RuntimeErrorDPU(f"subgraph {sg.name!r}: mc_code: {e}") from None
         self._arrays: ProgramArrays | None = None
+        self._problems: dict[Target, list[Problem]] = {}
         self.last_schedule = None
         self.op_names = graph.toposort(sg.all_ops())
         self._opset = set(self.op_names)
@@ -187,6 +191,24 @@ class DpuSubgraph:
         if self._arrays is None:
             self._arrays = to_arrays(self.instructions)
         return self._arrays
+
+    # ---- static program check ---------------------------------------------------------------
+    def check(self, target: Target | None = None) -> list[Problem]:
+        """Every instruction the executor would reject on `target` (default: the subgraph's own), from the
+        static check isa.check.check_program with this subgraph's register sizes; cached per target."""
+        t = target or self.target
+        p = self._problems.get(t)
+        if p is None:
+            p = self._problems[t] = check_program(self.arrays, t, self.reg_sizes)
+        return p
+
+    def validate(self, target: Target | None = None) -> None:
+        """Raise isa.check.ProgramCheckError (an isa.program.IsaError) for the first problem of `check`:
+        "subgraph '<name>': instruction <i> (<OP>): field <f>=<v>: <message>", where the part from
+        "instruction" on is exactly the executor's ExecError text for that instruction."""
+        p = self.check(target)
+        if p:
+            raise ProgramCheckError(p[0], prefix=f"subgraph {self.name!r}: ")
 
     # ---- const data ---------------------------------------------------------------------------
     def const_data(self, op: Op) -> np.ndarray:
@@ -249,6 +271,7 @@ class DpuSubgraph:
         """Execute mc_code on the cycle model with functional execution (instructions run in the order the
         schedule starts them); the schedule is kept in `last_schedule`. Returns the output tensors."""
         from sim.timing import simulate
+        self.validate(target)
         inputs = self.check_inputs(inputs)
         m = machine or self.new_machine(seed)
         for r in self.reg_sizes:
@@ -266,6 +289,7 @@ class DpuSubgraph:
         from sim.cosim import through_end, rtl_job, subgraph_program
         from sim.timing import simulate
         t = target or self.target
+        self.validate(t)
         instrs, sizes, init = subgraph_program(self, inputs)
         instrs = through_end(instrs)
         sched = simulate(to_arrays(instrs), t)          # timing only: bounds the run, reports deadlocks
@@ -299,4 +323,4 @@ def dpu_subgraphs(graph: Graph) -> list[Subgraph]:
     return [s for s in graph.toposort_child_subgraphs() if s.device == "DPU"]
 
 
-__all__ = ["DpuSubgraph", "TensorSpec", "RuntimeErrorDPU", "ddr_view", "dpu_subgraphs", "tensor_spec", "XModelError"]
+__all__ = ["DpuSubgraph", "TensorSpec", "RuntimeErrorDPU", "ProgramCheckError", "ddr_view", "dpu_subgraphs", "tensor_spec", "XModelError"]

@@ -10,12 +10,19 @@ from __future__ import annotations
 import numpy as np
 
 from isa.fields import FIELDS, MAX_FIELDS, OPS
+from isa import check as _check
+from isa.check import location, problem_message
 from isa.program import ProgramArrays
 from isa.target import Target
 
 from . import _kernels as K
 
-NUM_REGS = 8
+# The static check (isa/check.py) mirrors the kernels' error kinds and tile limit; they must agree.
+_kinds_differ = [n for n in _check.KIND_CONSTANTS if getattr(K, n) != getattr(_check, n)]
+if _kinds_differ or K.MAX_TILE != _check.MAX_TILE:
+    raise ImportError(f"isa/check.py and sim/_kernels.py disagree on {_kinds_differ or ['MAX_TILE']}")
+
+NUM_REGS = _check.NUM_REGS
 _REG_ALIGN = 4096
 
 
@@ -23,18 +30,19 @@ class ExecError(RuntimeError):
     """An instruction that the simulator would reject (spec §6, §9.17).
 
     Attributes: `index` (instruction index), `op` (mnemonic), `field` (field name or None),
-    `value` (offending value or None).
+    `value` (offending value or None). The text is built by isa.check.location / problem_message, which the
+    static check (isa.check.check_program) uses too, so both report a bad instruction identically.
     """
 
-    def __init__(self, index: int, op: str, field: str | None, msg: str, value: int | None = None):
+    def __init__(self, index: int, op: str, field: str | None, msg: str, value: int | None = None,
+                 kind: int | None = None):
         self.index = index
         self.op = op
         self.field = field
         self.value = value
-        where = f"instruction {index} ({op})"
-        if field is not None:
-            where += f": field {field}={value}"
-        super().__init__(f"{where}: {msg}")
+        self.kind = kind          # error kind (isa.check.KIND_NAMES) when raised by the executor
+        self.msg = msg
+        super().__init__(f"{location(index, op, field, value)}: {msg}")
 
 
 def _target_params(t: Target) -> np.ndarray:
@@ -137,8 +145,7 @@ class DpuMachine:
             raise ValueError(f"DDR register REG_{reg} is not allocated (allocated: {self._alloc_str()})")
 
     def _alloc_str(self) -> str:
-        regs = [f"REG_{k}" for k in range(NUM_REGS) if self._reg_size[k] >= 0]
-        return ", ".join(regs) if regs else "none"
+        return _check.allocated_str(k for k in range(NUM_REGS) if self._reg_size[k] >= 0)
 
     def ddr(self, reg: int) -> np.ndarray:
         """The whole int8 array of register `reg` (a view of exactly reg_sizes[reg] bytes)."""
@@ -210,77 +217,7 @@ class DpuMachine:
             idx = int(index_map[idx])
         mn = OPS[opi].mnemonic
         fname = FIELDS[mn][col].name if col >= 0 else None
-        t = self.target
-        acts = {0: "none", 1: "ReLU", 3: "leaky ReLU", 4: "ReLU6"}
-        if kind == K.E_BANK_ANY:
-            msg = f"bank id {v} does not exist on {t.name} (allowed {lo}..{hi})"
-        elif kind == K.E_BANK_IMG:
-            msg = (f"bank {v} is not an image bank; {mn} may only use image banks {lo}..{hi} "
-                   f"(VB0..VB{t.img_bg - 1}, spec §2.2)")
-        elif kind == K.E_REG:
-            msg = f"DDR register REG_{v} is not allocated (allocated: {self._alloc_str()})"
-        elif kind == K.E_MODE_AVG:
-            msg = "mean-subtraction LOAD (mode_avg != 0) is not supported on ISA1 targets (allowed 0..0)"
-        elif kind == K.E_PAD_START:
-            msg = f"channel-augmentation pad_start must be smaller than channel (allowed {lo}..{hi})"
-        elif kind == K.E_PAD_END:
-            msg = (f"channel-augmentation end padding masks every byte of item {aux} "
-                   f"(first zeroed byte index {hi} must be > 0; check pad_end/pad_idx/jump_read)")
-        elif kind == K.E_DDR_READ:
-            msg = (f"reads REG_{aux} up to byte offset {lo - 1} (unmasked bytes only), past the end of the "
-                   f"register (allowed offsets 0..{hi - 1}, size {hi})")
-        elif kind == K.E_DDR_WRITE:
-            msg = (f"writes REG_{aux} bytes [{v}, {lo}) but the register has {hi} bytes "
-                   f"(ddr_addr+(length-1)*jump_write+channel = {lo} must be <= {hi})")
-        elif kind == K.E_ARGMAX_TARGET:
-            msg = f"SAVE argmax is not available on {t.name} (argmax bit 1 must be clear, allowed 0..1)"
-        elif kind == K.E_ARGMAX_CH:
-            msg = f"value-mode argmax over more than 128 channels (allowed {lo}..{hi})"
-        elif kind == K.E_NOINIT:
-            init = "ALUINIT" if aux else "CONVINIT"
-            msg = f"{mn} executed before any {init} (no {init} state, spec §5.3)"
-        elif kind == K.E_VPP:
-            lim = "ALU_PP" if aux else "PP"
-            msg = f"valid_pixel_parallel exceeds {lim} of {t.name} (allowed {lo}..{hi})"
-        elif kind == K.E_KERNEL:
-            msg = f"kernel size above the target limit (allowed {lo}..{hi})"
-        elif kind == K.E_STRIDE:
-            msg = f"stride above the target limit (allowed {lo}..{hi})"
-        elif kind == K.E_SOI:
-            msg = f"stride_offset_in must be smaller than stride_h (allowed {lo}..{hi})"
-        elif kind == K.E_SHIFT_BIAS:
-            msg = f"shift_bias too large (allowed {lo}..{hi})"
-        elif kind == K.E_ACT:
-            allowed = t.alu_nonlinear if aux else t.conv_nonlinear
-            eng = "ALU" if aux else "CONV"
-            msg = (f"activation code {v} is not supported by the {eng} engine of {t.name} "
-                   f"(allowed: {', '.join(f'{a} ({acts[a]})' for a in allowed)})")
-        elif kind == K.E_PASS:
-            msg = (f"input row {aux} lies in bank-group pass {v}; only 4 pass addresses exist "
-                   f"(allowed passes {lo}..{hi}; (bank_id_in mod PP) + ceil((stride_offset_in+rows_in)/stride_h)"
-                   f" must be <= 4*PP)")
-        elif kind == K.E_EXEC_MODE:
-            msg = f"ALU exec_mode {v} is illegal on ISA1 (allowed {lo}..{hi})"
-        elif kind == K.E_ALU_1X1:
-            msg = f"ALU exec_mode {aux} requires kernel 1x1 and stride 1 (allowed {lo}..{hi})"
-        elif kind == K.E_KD:
-            msg = f"ALU exec_mode {aux} requires kernel_d 1 (allowed {lo}..{hi})"
-        elif kind == K.E_ELEW_TYPE:
-            msg = f"elew_type {v} is illegal (allowed {lo}..{hi}: 0 add, 1 multiply)"
-        elif kind == K.E_ELEW_NUM:
-            msg = f"ELEW multiply needs exactly 2 inputs (allowed {lo}..{hi})"
-        elif kind == K.E_ELEW_ID:
-            msg = (f"ELEW reads input id {aux} but no ELEWINIT with id {aux} was executed "
-                   f"(ids {lo}..{hi} are needed)")
-        elif kind == K.E_JUMP_BANK:
-            jb = int(self._elew_st[aux, K.EI_JB])
-            msg = (f"ELEWINIT id {aux} has jump_bank {jb}; jump_bank*valid_pixel_parallel must be <= PP "
-                   f"{t.pp} (allowed {lo}..{hi})")
-        elif kind == K.E_LEGACY:
-            msg = f"{mn} is not usable on ISA1 targets (no pool/dwconv engine, spec §3.4)"
-        elif kind == K.E_TOO_BIG:
-            msg = (f"working tile of {aux} elements exceeds the emulator limit of {K.MAX_TILE} "
-                   f"(the instruction is encodable but far beyond any compiled program)")
-        else:
-            msg = f"error kind {kind} (value {v}, range {lo}..{hi})"
-        return ExecError(idx, mn, fname, msg, v if fname is not None else None)
+        jb = int(self._elew_st[aux, K.EI_JB]) if kind == K.E_JUMP_BANK else None
+        allocated = [k for k in range(NUM_REGS) if self._reg_size[k] >= 0]
+        msg = problem_message(kind, mn, self.target, v, lo, hi, aux, allocated, jb)
+        return ExecError(idx, mn, fname, msg, v if fname is not None else None, kind=kind)

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from compiler.xir.graph import Graph
 from isa.fields import BY_NAME, FIELDS, OPS
-from isa.program import IsaError, Instruction, decode, encode, from_text, parse_line, to_text
+from isa.program import (IsaError, Instruction, decode, decode_lenient, disasm, encode, from_text, parse_line,
+                         to_text)
 from tests.conftest import MODEL_NAMES, model_path
 
 
@@ -74,6 +75,23 @@ def test_random_bytes_give_isa_error_or_program(data):
         assert "instruction" in str(e) or "mc_code" in str(e)
     else:
         assert prog[-1].op == "END" and encode(prog) == data
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=200))
+def test_lenient_decode_and_disasm_go_on_where_decode_stops(data):
+    ent = decode_lenient(data)
+    text = disasm(data)
+    lines = text.splitlines()
+    assert [ln.split()[0] for ln in lines[:len(ent)]] == [str(d.index) for d in ent]
+    try:
+        prog = decode(data)
+    except IsaError as e:
+        msg = str(e)
+        reason = msg.split(": ", 1)[1] if msg.startswith("instruction") else msg
+        assert reason in text                       # decode's reason is in the listing
+    else:
+        assert [d.instruction for d in ent] == prog and "<invalid" not in text and "; !" not in text
 
 
 def test_field_range_errors_name_index_field_and_range():
