@@ -323,4 +323,5 @@ def dpu_subgraphs(graph: Graph) -> list[Subgraph]:
     return [s for s in graph.toposort_child_subgraphs() if s.device == "DPU"]
 
 
-__all__ = ["DpuSubgraph", "TensorSpec", "RuntimeErrorDPU", "ProgramCheckError", "ddr_view", "dpu_subgraphs", "tensor_spec", "XModelError"]
+__all__ = ["DpuSubgraph", "TensorSpec", "RuntimeErrorDPU", "ProgramCheckError", "ddr_view", "dpu_subgraphs",
+           "tensor_spec", "XModelError"]
