@@ -102,6 +102,8 @@ from collections import Counter
 import numpy as np
 from numba import njit
 
+from quant.onnx_in import QuantError
+
 ROUND_MODES = ("half_even", "half_up", "half_down", "std_round", "floor")
 METHODS = ("maxmin", "percentile", "mse", "entropy", "diffs")
 STATISTICS = ("modal", "max", "mean", "median")
@@ -112,8 +114,9 @@ _MODE_CODE = {m: i for i, m in enumerate(ROUND_MODES)}
 _AUTO = "auto"
 
 
-class CalibError(ValueError):
-    """Calibration / fixed-point error; the message names the tensor and the problem."""
+class CalibError(QuantError):
+    """Calibration / fixed-point error; the message names the tensor and the problem. A QuantError (hence a
+    ValueError), so whatever reports quantizer errors reports these too."""
 
 
 # ------------------------------------------------------------------------------------------------

@@ -44,14 +44,21 @@ def load_onnx(model, source: str | None = None):
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         source = source or path
+        if os.path.isdir(path):
+            raise QuantError(f"model {path} is a directory, not an ONNX file")
         if not os.path.isfile(path):
-            raise QuantError(f"{path}: no such file")
+            raise QuantError(f"model {path}: no such file")
+        if not os.access(path, os.R_OK):
+            raise QuantError(f"model {path} is not readable")
+        if os.path.getsize(path) == 0:
+            raise QuantError(f"model {path}: not an ONNX model (empty file)")
         try:
             m = onnx.load(path)
         except Exception as e:  # protobuf decode errors come in several types
-            raise QuantError(f"{path}: not an ONNX model ({type(e).__name__}: {str(e)[:200]})") from None
+            why = " ".join(str(e).split())[:200]
+            raise QuantError(f"model {path}: not an ONNX model ({type(e).__name__}: {why})") from None
         if not m.graph.node:
-            raise QuantError(f"{path}: not an ONNX model (no graph nodes)")
+            raise QuantError(f"model {path}: not an ONNX model (no graph nodes)")
     elif isinstance(model, onnx.ModelProto):
         m = model
         source = source or (m.graph.name or "<model>")
@@ -65,12 +72,13 @@ def load_onnx(model, source: str | None = None):
             from onnx import version_converter
             m = version_converter.convert_version(m, MIN_OPSET)
         except Exception as e:
-            raise QuantError(f"{source}: opset {opset} < {MIN_OPSET} and conversion failed ({e}); "
-                             f"re-export with opset {MIN_OPSET} or newer") from None
+            raise QuantError(f"{source}: opset {opset} < {MIN_OPSET} and conversion failed "
+                             f"({' '.join(str(e).split())[:200]}); re-export with opset {MIN_OPSET} or newer") from None
     try:
         onnx.checker.check_model(m)
     except Exception as e:
-        raise QuantError(f"{source}: invalid ONNX model: {str(e).splitlines()[0][:300]}") from None
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise QuantError(f"{source}: invalid ONNX model: {first}") from None
     return m
 
 
@@ -177,7 +185,7 @@ def to_fgraph(m, source: str = "<model>", input_shape=None) -> FGraph:
     try:
         m2 = shape_inference.infer_shapes(m2, strict_mode=False)
     except Exception as e:
-        raise QuantError(f"{source}: shape inference failed: {str(e)[:300]}") from None
+        raise QuantError(f"{source}: shape inference failed: {' '.join(str(e).split())[:300]}") from None
     opset = next((o.version for o in m2.opset_import if o.domain in ("", "ai.onnx")), MIN_OPSET)
     shapes: dict[str, list[int]] = dict(shape_of)
     for vi in list(m2.graph.value_info) + list(m2.graph.output):
@@ -214,7 +222,8 @@ def to_fgraph(m, source: str = "<model>", input_shape=None) -> FGraph:
             try:
                 outs = _fold(node, [consts[i] if i else None for i in inputs], opset)
             except Exception as e:
-                raise QuantError(f"{source}: constant folding of op {name!r} ({nd.op_type}) failed: {e}") from None
+                raise QuantError(f"{source}: constant folding of op {name!r} ({nd.op_type}) failed: "
+                                 f"{' '.join(str(e).split())[:200]}") from None
             for o, v in zip(nd.output, outs):
                 consts[o] = v
             continue

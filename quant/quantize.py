@@ -56,10 +56,19 @@ class QuantConfig:
             raise QuantError(f"QUANT_CONFIG: unknown statistic {self.statistic!r}; use one of {', '.join(C.STATISTICS)}")
         if self.statistic == "modal" and self.method != "diffs":
             raise QuantError("QUANT_CONFIG: calib_statistic_method 'modal' is only valid with method 'diffs'")
-        if self.batch_size < 1:
-            raise QuantError("QUANT_CONFIG: batch_size must be >= 1")
-        if self.calib_limit is not None and self.calib_limit < 1:
-            raise QuantError("QUANT_CONFIG: calib_limit must be >= 1")
+        p = self.percentile
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) or not np.isfinite(p) \
+                or not 0 < p <= 100:
+            raise QuantError(f"QUANT_CONFIG: percentile {p!r} is out of range; it must be in (0, 100]")
+        for name, lo in (("batch_size", 1), ("calib_limit", 1), ("finetune_iters", 1), ("eltwise_spread", 0),
+                         ("seed", 0)):
+            v = getattr(self, name)
+            if v is None and name == "calib_limit":
+                continue
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise QuantError(f"QUANT_CONFIG: {name} {v!r} is not an integer")
+            if v < lo:
+                raise QuantError(f"QUANT_CONFIG: {name} {v} is out of range; it must be >= {lo}")
 
     @property
     def wmethod(self) -> str:
@@ -72,70 +81,122 @@ class QuantConfig:
 # calibration data
 # --------------------------------------------------------------------------------------------------
 
-def _load_array(path: str) -> np.ndarray:
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _load_array(path: str, what: str = "calibration data") -> np.ndarray:
+    """The array of an .npy file, or of an .npz ('x', 'input' or its only array); never unpickles.
+
+    Errors name the file and say what it is instead (a directory, not an .npy file, Python objects...)."""
+    if os.path.isdir(path):
+        raise QuantError(f"{what} {path} is a directory, not a file")
+    if not os.path.isfile(path):
+        raise QuantError(f"{what} {path}: no such file")
     try:
-        if path.endswith(".npz"):
-            z = np.load(path)
-            keys = list(z.keys())
-            key = "x" if "x" in keys else ("input" if "input" in keys else (keys[0] if len(keys) == 1 else None))
-            if key is None:
-                raise QuantError(f"{path}: an .npz of calibration data needs an array named 'x' (has {keys})")
-            return z[key]
-        return np.load(path)
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as e:
+        raise QuantError(f"{what} {path}: cannot read it ({e.strerror or e})") from None
+    is_npz = head[:4] == _ZIP_MAGIC
+    if not is_npz and head != _NPY_MAGIC:
+        raise QuantError(f"{what} {path}: not an .npy file (no NumPy header)"
+                         + ("" if path.endswith(".npy") else "; give an .npy, an .npz or a folder of .npy files"))
+    try:
+        if is_npz:
+            with np.load(path, allow_pickle=False) as z:
+                keys = list(z.keys())
+                key = "x" if "x" in keys else ("input" if "input" in keys else (keys[0] if len(keys) == 1 else None))
+                if key is None:
+                    raise QuantError(f"{what} {path}: an .npz needs an array named 'x' (has {keys})")
+                return z[key]
+        return np.load(path, allow_pickle=False)
     except QuantError:
         raise
-    except Exception as e:
-        raise QuantError(f"cannot read calibration file {path}: {type(e).__name__}: {e}") from None
+    except ValueError as e:
+        if "pickle" in str(e):
+            raise QuantError(f"{what} {path}: holds Python objects (dtype object); give a numeric array") from None
+        raise QuantError(f"{what} {path}: corrupt {'.npz' if is_npz else '.npy'} file "
+                         f"({' '.join(str(e).split())[:160]})") from None
+    except Exception as e:  # noqa: BLE001 - zip/format errors of a damaged file come in many types
+        raise QuantError(f"{what} {path}: corrupt {'.npz' if is_npz else '.npy'} file ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:160]})") from None
 
 
-def calib_arrays(calib, shape: list[int], limit: int | None = None) -> np.ndarray:
+def calib_arrays(calib, shape: list[int], limit: int | None = None, what: str = "calibration data") -> np.ndarray:
     """Calibration samples as one float32 [N, C, H, W] array (checked: shape, finite values).
 
     `calib`: an array ([N,C,H,W] or one [C,H,W] sample), a .npy/.npz file, a folder of .npy files or an
-    iterable of arrays."""
+    iterable of arrays. `what` names the data in errors ("calibration data", "evaluation data")."""
     items: list[tuple[str, np.ndarray]] = []
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1):
+        raise QuantError(f"{what}: limit {limit!r} must be an integer >= 1")
     if isinstance(calib, (str, os.PathLike)):
         p = os.fspath(calib)
         if os.path.isdir(p):
             files = sorted(f for f in os.listdir(p) if f.endswith((".npy", ".npz")))
             if not files:
-                raise QuantError(f"calibration folder {p} has no .npy or .npz files")
-            items = [(os.path.join(p, f), _load_array(os.path.join(p, f))) for f in files]
-        elif os.path.isfile(p):
-            items = [(p, _load_array(p))]
+                raise QuantError(f"{what} folder {p} has no .npy or .npz files")
+            items = [(os.path.join(p, f), _load_array(os.path.join(p, f), what)) for f in files]
+        elif os.path.lexists(p):
+            items = [(p, _load_array(p, what))]
         else:
-            raise QuantError(f"calibration data {p}: no such file or folder")
+            raise QuantError(f"{what} {p}: no such file or folder")
     elif isinstance(calib, np.ndarray):
         items = [("array", calib)]
     elif calib is None:
-        raise QuantError("NO_CALIBRATION: no calibration data given")
+        raise QuantError(f"NO_CALIBRATION: no {what} given")
     else:
         try:
             items = [(f"item {i}", np.asarray(a)) for i, a in enumerate(calib)]
-        except TypeError:
-            raise QuantError(f"calibration data must be an array, a path or an iterable, not "
-                             f"{type(calib).__name__}") from None
-    want = list(shape[1:])
+        except (TypeError, ValueError) as e:
+            raise QuantError(f"{what} must be an array, a path or an iterable of arrays, not "
+                             f"{type(calib).__name__} ({type(e).__name__})") from None
+    want = [int(d) for d in shape[1:]]
     out = []
     for where, a in items:
         a = np.asarray(a)
         if a.dtype.kind not in "fiu":
-            raise QuantError(f"calibration data {where}: dtype {a.dtype} is not numeric")
+            raise QuantError(f"{what} {where}: dtype {a.dtype} is not a real number type (give float32 values)")
         if list(a.shape) == want:
             a = a[None]
         if a.ndim != len(want) + 1 or list(a.shape[1:]) != want:
-            raise QuantError(f"calibration data {where}: shape {list(a.shape)} does not match the model input "
-                             f"{[1] + want} (give [N, {', '.join(map(str, want))}] or one sample)")
-        a = a.astype(np.float32)
+            raise QuantError(f"{what} {where}: shape {list(a.shape)} does not match the model input "
+                             f"{[1] + want} (NCHW; give [N, {', '.join(map(str, want))}] or one sample)")
+        with np.errstate(over="ignore", invalid="ignore"):
+            a = a.astype(np.float32)
         bad = ~np.isfinite(a)
         if bad.any():
             i = int(np.argwhere(bad.reshape(a.shape[0], -1).any(axis=1))[0][0])
-            raise QuantError(f"calibration data {where}: sample {i} contains NaN or Inf (TENSOR_VALUE_INVALID)")
+            raise QuantError(f"{what} {where}: sample {i} contains NaN or Inf, or a value beyond float32 "
+                             f"(TENSOR_VALUE_INVALID)")
         out.append(a)
-    x = np.concatenate(out, axis=0)
+    x = np.concatenate(out, axis=0) if out else np.zeros([0] + want, np.float32)
     if x.shape[0] == 0:
-        raise QuantError("NO_CALIBRATION: the calibration data is empty")
+        raise QuantError(f"NO_CALIBRATION: the {what} is empty (0 samples)")
     return x[:limit] if limit else x
+
+
+def eval_arrays(data, shape: list[int], labels=None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Evaluation samples and optional labels, checked like calibration data but named "evaluation data".
+
+    Meant to be called before calibration starts, so a bad evaluation set costs nothing. `labels`: one class
+    index per sample (integers, or integral floats), or None."""
+    x = calib_arrays(data, shape, what="evaluation data")
+    if labels is None:
+        return x, None
+    y = np.asarray(labels)
+    if y.dtype.kind not in "iuf" or y.dtype.kind == "f" and not np.all(np.isfinite(y)):
+        raise QuantError(f"evaluation labels 'y': dtype {y.dtype} is not class indices (integers)")
+    y = y.reshape(-1) if y.ndim > 1 and y.size == len(x) else y
+    if y.ndim != 1 or len(y) != len(x):
+        raise QuantError(f"evaluation labels 'y': shape {list(y.shape)} for {len(x)} samples 'x' (give one class "
+                         f"index per sample)")
+    if y.dtype.kind == "f":
+        if not np.all(y == np.round(y)):
+            raise QuantError("evaluation labels 'y': non-integral values (give class indices)")
+        y = y.astype(np.int64)
+    return x, y
 
 
 # --------------------------------------------------------------------------------------------------
@@ -595,21 +656,32 @@ def _load_quant_info(qi, prep: Prepared) -> dict:
     src = "quant_info"
     if isinstance(qi, (str, os.PathLike)):
         src = os.fspath(qi)
+        if os.path.isdir(src):
+            raise QuantError(f"quant_info {src} is a directory, not a file")
         try:
             with open(src) as f:
                 qi = json.load(f)
-        except (OSError, ValueError) as e:
-            raise QuantError(f"cannot read {src}: {e}") from None
+        except FileNotFoundError:
+            raise QuantError(f"quant_info {src}: no such file") from None
+        except OSError as e:
+            raise QuantError(f"cannot read quant_info {src}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise QuantError(f"quant_info {src}: not a JSON file (not UTF-8 text)") from None
+        except ValueError as e:
+            raise QuantError(f"quant_info {src}: not valid JSON ({' '.join(str(e).split())[:120]})") from None
+        except RecursionError:
+            raise QuantError(f"quant_info {src}: JSON nested too deeply") from None
     tensors = qi.get("tensors") if isinstance(qi, dict) else None
     if not isinstance(tensors, dict):
         raise QuantError(f"{src}: no 'tensors' table")
     act, w, b = {}, {}, {}
     names = {n.name for n in prep.nodes}
     for k, v in tensors.items():
-        try:
-            fp = int(v["fix_point"])
-        except (KeyError, TypeError, ValueError):
-            raise QuantError(f"{src}: tensor {k!r} has no integer fix_point") from None
+        fp = v.get("fix_point") if isinstance(v, dict) else None
+        if isinstance(fp, bool) or not isinstance(fp, int):
+            raise QuantError(f"{src}: tensor {k!r} has no integer fix_point")
+        if not -64 <= fp <= 64:
+            raise QuantError(f"{src}: tensor {k!r}: fix_point {fp} is out of range -64..64")
         kind = v.get("kind")
         if kind == "weights":
             w[k[: -len("_weights")]] = fp

@@ -10,6 +10,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from quant.onnx_in import QuantError
+
 OPSET = 17
 NAMES = ("resnet18", "resnet50", "mobilenet_v1", "mobilenet_v2", "squeezenet", "inception_v1", "tiny_yolo")
 DEFAULT_SIZE = {"resnet18": 224, "resnet50": 224, "mobilenet_v1": 224, "mobilenet_v2": 224, "squeezenet": 224,
@@ -295,13 +297,24 @@ _BUILDERS = {
 }
 
 
+MIN_SIZE, MAX_SIZE = 32, 1024
+
+
+def _check_size(input_size) -> int:
+    """The input size as an int in MIN_SIZE..MAX_SIZE (QuantError naming the value otherwise)."""
+    if isinstance(input_size, (bool, np.bool_)) or not isinstance(input_size, (int, np.integer)):
+        raise QuantError(f"zoo input size {input_size!r} is not an integer")
+    size = int(input_size)
+    if not MIN_SIZE <= size <= MAX_SIZE:
+        raise QuantError(f"zoo input size {size} is out of range {MIN_SIZE}..{MAX_SIZE}")
+    return size
+
+
 def build(name: str, input_size: int | None = None, seed: int = 0) -> onnx.ModelProto:
     """Float32 NCHW ONNX model of topology `name` (input "input" [1,3,S,S]) with weights from default_rng(seed)."""
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; allowed names: {', '.join(NAMES)}")
-    size = DEFAULT_SIZE[name] if input_size is None else int(input_size)
-    if size < 32:
-        raise ValueError(f"input_size must be >= 32, got {size}")
+    if not isinstance(name, str) or name not in _BUILDERS:
+        raise QuantError(f"unknown zoo model {name!r}; allowed names: {', '.join(NAMES)}")
+    size = DEFAULT_SIZE[name] if input_size is None else _check_size(input_size)
     b = _Builder(np.random.default_rng(seed))
     _BUILDERS[name](b, "input")
     outs = ["output0", "output1"] if name == "tiny_yolo" else ["output"]
@@ -310,7 +323,12 @@ def build(name: str, input_size: int | None = None, seed: int = 0) -> onnx.Model
         [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], initializer=b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="opendpu.quant.zoo")
     model.ir_version = 8
-    shapes = _shapes(model)
+    try:
+        shapes = _shapes(model)
+    except onnx.shape_inference.InferenceError as e:
+        first = " ".join(str(e).split())[:160]
+        raise QuantError(f"zoo model {name}: input size {size} does not fit the topology (its feature maps do not "
+                         f"line up: {first}); use a multiple of 32") from None
     for o in model.graph.output:
         o.CopyFrom(helper.make_tensor_value_info(o.name, TensorProto.FLOAT, shapes[o.name]))
     return model
@@ -375,7 +393,13 @@ def count(model: onnx.ModelProto) -> dict:
 def summary(names=None, input_size=None) -> list[dict]:
     """One row per model: counted MACs/GOPs/params at `input_size` (default: each model's own) and published values."""
     rows = []
-    for n in names or NAMES:
+    names = list(NAMES if names is None else names)
+    for n in names:                                 # every name and the size checked before any model is built
+        if not isinstance(n, str) or n not in _BUILDERS:
+            raise QuantError(f"unknown zoo model {n!r}; allowed names: {', '.join(NAMES)}")
+    if input_size is not None:
+        _check_size(input_size)
+    for n in names:
         m = build(n, input_size)
         dims = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
         c = count(m)
