@@ -266,11 +266,17 @@ def to_text(instrs: list[Instruction]) -> str:
 
 def parse_line(line: str, index: int | None = None) -> Instruction | None:
     """One assembly line -> Instruction (None for blank/comment/DUMP pseudo-op lines)."""
-    s = line.strip()
+    s = line.split(";", 1)[0].strip()          # `; layer …` / `; ! …` annotations of `disasm` are comments
     if not s or s.startswith("#"):
         return None
     tok = s.split()
+    if tok[0].isdigit():                        # the instruction index `disasm` prints first
+        tok = tok[1:]
+        if not tok:
+            return None
     op = tok[0]
+    if op.startswith("<invalid"):
+        raise IsaError(f"the listing marks this word invalid: {s}", index)
     if op.startswith("DUMP"):
         return None          # simulator-only pseudo-ops (spec §4.5) are accepted and ignored
     if op not in FIELDS:

@@ -141,10 +141,11 @@ def test_cli_run_dump_golden_disasm(mnist_path, tmp_path, capsys):
     v.tofile(gp)
     assert cli(["run", mnist_path, "-i", str(tmp_path / "in.npy"), "--golden", str(tmp_path / "gold")]) == 1
     assert "compare data fail ! layer_name quant_dense_1_softmax_fix" in capsys.readouterr().out
-    # disasm -> assemble -> encode gives the original mc_code
+    # disasm (indices, layer names) -> assemble -> encode gives the original mc_code
     assert cli(["disasm", mnist_path]) == 0
     text = capsys.readouterr().out
-    assert len(text.splitlines()) == 230
+    lines = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    assert len(lines) == 230 and lines[229].split()[:2] == ["229", "END"] and "; layer " in lines[0]
     mc = bytes(dpu_subgraphs(Graph.load(mnist_path))[0].attrs["mc_code"])
     assert encode(from_text(text)) == mc
 
