@@ -657,16 +657,14 @@ def cmd_quantize(a) -> int:
                       seed=a.seed)
     calib, _ = _npz_or_npy(a.calib, "--calib")
     ev_data = None
-    if a.evaluate:
+    if a.evaluate:                          # checked before calibration, so a bad evaluation set costs nothing
         from quant.onnx_in import QuantError
+        from quant.quantize import eval_arrays
         ex, ey = _npz_or_npy(a.evaluate, "--evaluate")
         try:
-            ex = calib_arrays(ex, _onnx_input_shape(a.model))
+            ev_data = eval_arrays(ex, _onnx_input_shape(a.model), ey)
         except QuantError as e:
             raise CliError(f"--evaluate {a.evaluate}: {e}") from None
-        if ey is not None and len(ey) != len(ex):
-            raise CliError(f"--evaluate {a.evaluate}: {len(ey)} labels 'y' for {len(ex)} samples 'x'")
-        ev_data = (ex, ey)
     t0 = time.perf_counter()
     from runtime.progress import progress_bar
     with progress_bar("calibration") as prog:
