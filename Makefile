@@ -2,7 +2,6 @@
 PY      := .venv/bin/python
 SHARED  ?= ../shared
 MODELS  := $(SHARED)/models
-export NUMBA_CACHE_DIR ?= $(CURDIR)/.venv/numba-cache
 export AMARANTH_USE_YOSYS ?= builtin
 
 .PHONY: all venv iverilog demo test test-slow bench bench-rtl bench-quant proto clean

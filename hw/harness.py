@@ -126,10 +126,10 @@ def export_verilog(target, path: str | Path | None = None, name: str = "dpu_core
 def core_ports(p: HwParams) -> list[tuple[str, str, int]]:
     """(verilog name, direction 'in'/'out', width) of every core port, as Amaranth names them."""
     from amaranth.lib import wiring
-    from .core import DpuCore
-    core = DpuCore(p)
+    from .core import core_signature
+    sig = core_signature(p)
     out = []
-    for path, member, value in core.signature.flatten(core):
+    for path, member, value in sig.flatten(sig.create()):
         nm = "__".join(str(x) for x in path)
         out.append((nm, "in" if member.flow == wiring.In else "out", len(value.as_value() if hasattr(value, "as_value") else value)))
     return out
@@ -211,10 +211,14 @@ module tb_top(input wire clk);
   integer jobs_fd, fd, rc, state, k, ninstr, nregs, ddr_bytes, imem_words, waited, njobs;
   reg [64*8-1:0] maxcyc_s;
   reg [63:0] maxcyc;
-  reg [8*512-1:0] ddr_file, imem_file, regs_file, out_prefix, jobs_file, fname, vcd_file;
-  integer vcd_on, vcd_from, vcd_to;
+  reg [8*512-1:0] ddr_file, imem_file, regs_file, out_prefix, jobs_file, fname, vcd_file, prog_file;
+  integer vcd_on, vcd_from, vcd_to, prog_on, prog_every, pfd;
   initial begin
     vcd_on = $value$plusargs("vcd=%s", vcd_file);
+    // +progress=<file>: every +progress_every cycles of a running job, overwrite <file> with
+    // "<job index> <cycles waited>" (the harness polls it to report progress; no effect on the core)
+    prog_on = $value$plusargs("progress=%s", prog_file);
+    if (!$value$plusargs("progress_every=%d", prog_every)) prog_every = 65536;
     if (!$value$plusargs("vcd_from=%d", vcd_from)) vcd_from = 0;
     if (!$value$plusargs("vcd_to=%d", vcd_to)) vcd_to = 32'h7fffffff;
 {rd_list}
@@ -261,6 +265,10 @@ module tb_top(input wire clk);
       3: begin  // running
         bus_we <= 0; bus_addr <= 12'h000;
         waited = waited + 1;
+        if (prog_on != 0 && waited % prog_every == 0) begin
+          pfd = $fopen(prog_file, "w");
+          if (pfd != 0) begin $fdisplay(pfd, "%0d %0d", njobs, waited); $fclose(pfd); end
+        end
         if (vcd_on != 0 && waited == vcd_from + 1) begin $dumpfile(vcd_file); $dumpvars(0, dut); end
         if (vcd_on != 0 && waited == vcd_to + 1) begin $dumpflush; $dumpoff; end
         if (ap_done) begin state <= 4; k = 0; bus_addr <= rd_addr[0]; end
@@ -356,8 +364,13 @@ class Build:
         return self.dir / "obj" / "Vtb"
 
 
-def build(target, backend: str = "verilator", ddr_bytes: int = 1 << 24, log=None, trace: bool = False) -> Build:
-    """Export, generate the bench and compile it (cached in build/rtl/<key>); `trace` enables VCD dumps."""
+def build(target, backend: str = "verilator", ddr_bytes: int = 1 << 24, log=None, trace: bool = False,
+          progress=None) -> Build:
+    """Export, generate the bench and compile it (cached in build/rtl/<key>); `trace` enables VCD dumps.
+
+    `progress(done, total, what)` (optional) is called at each of the two stages (Verilog export, then the
+    simulator's compile, which takes minutes on a fresh build) and once at the end (done == total); a
+    cached build reports (2, 2, "cached build") at once."""
     if backend not in BACKENDS:
         raise HwError(f"unknown RTL backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     p = HwParams.of(target)
@@ -365,8 +378,10 @@ def build(target, backend: str = "verilator", ddr_bytes: int = 1 << 24, log=None
     d = BUILD_ROOT / _key(p, backend, ddr_log2, trace)
     b = Build(p, backend, d, ddr_log2)
     stamp = d / "built"
+    step = progress or (lambda done, total, what: None)
     if stamp.exists():
         b.build_seconds = float(stamp.read_text() or 0)
+        step(2, 2, "cached build")
         return b
     if d.exists():
         shutil.rmtree(d)
@@ -374,12 +389,14 @@ def build(target, backend: str = "verilator", ddr_bytes: int = 1 << 24, log=None
     t0 = time.time()
     say = log or (lambda s: None)
     say(f"generating Verilog for {p.target.name or p.target.describe()} ...")
+    step(0, 2, f"export Verilog ({p.target.name or p.target.describe()})")
     export_verilog(p.target, d / "dpu_core.v")
     (d / "tb_top.v").write_text(testbench(p, ddr_log2))
     env = tool_env()
     if backend == "verilator":
         (d / "main.cpp").write_text(CPP_MAIN)
         say("compiling with Verilator ...")
+        step(1, 2, "Verilator compile (minutes on a fresh build)")
         cmd = [str(verilator_root() / "bin" / "verilator"), "--cc", "--exe", "--build", "-j", "2",
                "-Wno-fatal", "-Wno-lint", "-Wno-style", "--x-assign", "fast", "--x-initial", "fast",
                "-O3"] + (["--trace"] if trace else []) + ["--top-module", "tb_top", "--Mdir", str(d / "obj"), "-o", "Vtb",
@@ -388,6 +405,7 @@ def build(target, backend: str = "verilator", ddr_bytes: int = 1 << 24, log=None
     else:
         sim = backend.split("-")[1]
         say(f"building for cocotb on {sim} ...")
+        step(1, 2, f"cocotb build on {sim}")
         from cocotb_tools.runner import get_runner
         runner = get_runner(sim)
         args = ["-Wno-fatal", "-Wno-lint", "-Wno-style", "-O3", "-CFLAGS", "-O1"] if sim == "verilator" else []
@@ -401,6 +419,7 @@ def build(target, backend: str = "verilator", ddr_bytes: int = 1 << 24, log=None
             raise HwError(f"cocotb build for {sim} failed ({e}); see {d / 'obj'}") from None
     b.build_seconds = time.time() - t0
     stamp.write_text(f"{b.build_seconds:.1f}")
+    step(2, 2, f"built in {b.build_seconds:.0f} s")
     return b
 
 
@@ -443,6 +462,7 @@ class Job:
     ninstr: int = 0
     max_cycles: int = 1 << 40
     name: str = "job"
+    expect_cycles: int = 0        # expected run length, only to report progress ("cycle c of ~expect")
 
 
 @dataclass
@@ -495,8 +515,12 @@ def _hex_words(path: Path, n: int) -> np.ndarray:
 
 
 def run_jobs(b: Build, jobs: list[Job], workdir: str | Path | None = None, timeout: float | None = None,
-             plusargs=()) -> list[RtlResult]:
-    """Run `jobs` in one simulator process; returns one RtlResult per job."""
+             plusargs=(), progress=None) -> list[RtlResult]:
+    """Run `jobs` in one simulator process; returns one RtlResult per job.
+
+    `progress(done, total, what)` (optional): done/total count jobs; while a job runs, `what` names it and
+    the cycles it has run so far (the bench reports every 2^17 cycles, 2^11 on Icarus). It is called from
+    the calling thread; the simulator then runs in a helper thread."""
     import tempfile
     from .core import ADDR_BASE, COUNTERS, DPU_STS, EXEC_CYCLE_HI, EXEC_CYCLE_LO, INSTR_ADDR_LO
     own_tmp = workdir is None
@@ -532,8 +556,13 @@ def run_jobs(b: Build, jobs: list[Job], workdir: str | Path | None = None, timeo
                      f"{job.ninstr}")
         metas.append((base, need))
     (wd / "jobs.txt").write_text("\n".join(lines) + "\n")
+    for j in range(len(jobs)):                     # a reused workdir must not offer a previous run's results
+        (wd / f"j{j}.regs").unlink(missing_ok=True)
     t0 = time.time()
-    _simulate(b, wd, timeout, plusargs)
+    if progress is None:
+        _simulate(b, wd, timeout, plusargs)
+    else:
+        _simulate_watched(b, wd, timeout, plusargs, jobs, progress)
     wall = time.time() - t0
     out = []
     for j, job in enumerate(jobs):
@@ -559,6 +588,48 @@ def run_jobs(b: Build, jobs: list[Job], workdir: str | Path | None = None, timeo
     if own_tmp and not os.environ.get("OPENDPU_KEEP_RTL"):
         shutil.rmtree(wd, ignore_errors=True)
     return out
+
+
+PROGRESS_EVERY = {"verilator": 1 << 17, "cocotb-verilator": 1 << 17, "cocotb-icarus": 1 << 11}
+
+
+def _simulate_watched(b: Build, wd: Path, timeout, plusargs, jobs: list[Job], progress, poll: float = 0.5):
+    """`_simulate` in a helper thread while this thread reports the jobs finished (their .regs files
+    appear in order) and the running job's cycle count (the bench's +progress file)."""
+    from concurrent.futures import ThreadPoolExecutor, wait
+    pf = wd / "progress.txt"
+    pf.unlink(missing_ok=True)
+    args = list(plusargs) + [f"+progress={pf}", f"+progress_every={PROGRESS_EVERY[b.backend]}"]
+    n = len(jobs)
+    done = 0
+    last = None
+
+    def report():
+        nonlocal done, last
+        while done < n and (wd / f"j{done}.regs").exists():
+            done += 1
+        if done == n:
+            return
+        job = jobs[done]
+        what = f"RTL job {done + 1}/{n} {job.name}"
+        try:
+            k, cyc = (int(x) for x in pf.read_text().split())
+        except (OSError, ValueError):
+            k, cyc = -1, 0
+        if k == done and cyc:
+            what += f": cycle {cyc:,}" + (f" of ~{job.expect_cycles:,}" if job.expect_cycles else "")
+        if (done, what) != last:
+            last = (done, what)
+            progress(done, n, what)
+
+    report()
+    with ThreadPoolExecutor(1, thread_name_prefix="opendpu-rtl") as ex:
+        fut = ex.submit(_simulate, b, wd, timeout, plusargs=args)
+        while not wait([fut], timeout=poll).done:
+            report()
+        fut.result()                                # re-raises the simulator's error, if any
+    report()
+    progress(n, n, "RTL jobs done")
 
 
 def _simulate(b: Build, wd: Path, timeout, plusargs):

@@ -151,16 +151,28 @@ def rtl_job(name, instrs, sizes, init, sched, max_cycles: int | None = None):
     from hw.harness import Job
     bound = int(sched.total_cycles) * 2 + 10_000 if max_cycles is None else max_cycles
     return Job(encode(instrs), dict(sizes), {r: np.asarray(d, np.int8) for r, d in init.items()},
-               ninstr=len(sched), max_cycles=bound, name=name)
+               ninstr=len(sched), max_cycles=bound, name=name, expect_cycles=int(sched.total_cycles))
 
 
-def cosim_programs(target, programs, backend: str = "verilator", log=None, timeout=None) -> list[CosimReport]:
+def _stage(progress, prefix):
+    """A progress callback that prefixes `what` with the stage name (None stays None)."""
+    if progress is None:
+        return None
+    return lambda done, total, what: progress(done, total, f"{prefix}: {what}")
+
+
+def cosim_programs(target, programs, backend: str = "verilator", log=None, timeout=None,
+                   progress=None) -> list[CosimReport]:
     """Co-simulate several programs in one RTL simulator process.
 
     `programs` is a list of (name, instructions, reg_sizes, reg_init); reg_init maps reg -> int8 bytes.
     Banks keep their contents from one program to the next, as on the hardware (the bench resets the
     core's registers but not its memories), so the model of program k starts from the banks that
     program k-1 left; the first program starts from zero banks in both.
+
+    `progress(done, total, what)` (optional) follows the stages in turn, `total` changing with the
+    stage: "cycle model" (per program), "build" (hw.harness.build), "rtl" (hw.harness.run_jobs: per job
+    and per simulated cycles), "compare" (per program).
     """
     from hw.harness import build, ddr_needed, run_jobs
     t = get_target(target) if not isinstance(target, Target) else target
@@ -168,7 +180,11 @@ def cosim_programs(target, programs, backend: str = "verilator", log=None, timeo
     jobs = []
     need = 1 << 20
     banks = None
-    for name, instrs, sizes, init in programs:
+    programs = list(programs)
+    model = _stage(progress, "cycle model")
+    for k, (name, instrs, sizes, init) in enumerate(programs):
+        if model:
+            model(k, len(programs), name)
         instrs = through_end(instrs)
         m = initial_machine(t, sizes, init)
         if banks is not None:
@@ -179,14 +195,21 @@ def cosim_programs(target, programs, backend: str = "verilator", log=None, timeo
         prepared.append((name, instrs, sched, m, time.time() - t0))
         jobs.append(rtl_job(name, instrs, sizes, init, sched))
         need = max(need, ddr_needed(sizes))
-    b = build(t, backend, ddr_bytes=need, log=log)
-    results = run_jobs(b, jobs, timeout=timeout)
+    if model:
+        model(len(programs), len(programs), "done")
+    b = build(t, backend, ddr_bytes=need, log=log, progress=_stage(progress, "build"))
+    results = run_jobs(b, jobs, timeout=timeout, progress=_stage(progress, "rtl"))
     reps = []
-    for (name, instrs, sched, m, msec), res in zip(prepared, results):
+    cmp = _stage(progress, "compare")
+    for k, ((name, instrs, sched, m, msec), res) in enumerate(zip(prepared, results)):
+        if cmp:
+            cmp(k, len(prepared), name)
         rep = compare(name, t, instrs, sched, m, res, backend)
         rep.rtl_seconds = res.wall_seconds
         rep.model_seconds = msec
         reps.append(rep)
+    if cmp:
+        cmp(len(prepared), len(prepared), "done")
     return reps
 
 
@@ -209,8 +232,10 @@ __all__ = ["CosimReport", "Mismatch", "compare", "cosim_programs", "rtl_job", "s
            "check_target_matches", "dump_waves"]
 
 
-def dump_waves(target, program, rep: CosimReport, out_dir="waveforms", backend="verilator", margin=200) -> str:
-    """Re-run one program with VCD tracing around the first divergence; returns the VCD path."""
+def dump_waves(target, program, rep: CosimReport, out_dir="waveforms", backend="verilator", margin=200,
+               progress=None) -> str:
+    """Re-run one program with VCD tracing around the first divergence; returns the VCD path.
+    `progress` as in `cosim_programs` (stages "build" and "rtl"; the traced build is a separate one)."""
     from pathlib import Path
     from hw.harness import build, ddr_needed, run_jobs
     name, instrs, sizes, init = program
@@ -222,9 +247,10 @@ def dump_waves(target, program, rep: CosimReport, out_dir="waveforms", backend="
     out.mkdir(parents=True, exist_ok=True)
     stem = "".join(ch if ch.isalnum() else "_" for ch in name)[:60]
     vcd = (out / f"cosim_{stem}.vcd").resolve()
-    b = build(target, backend, ddr_bytes=ddr_needed(sizes), trace=True)
+    b = build(target, backend, ddr_bytes=ddr_needed(sizes), trace=True, progress=_stage(progress, "build"))
     job = rtl_job(name, instrs, sizes, init, simulate(to_arrays(instrs), target), max_cycles=hi + 10)
-    run_jobs(b, [job], plusargs=[f"+vcd={vcd}", f"+vcd_from={lo}", f"+vcd_to={hi}"])
+    run_jobs(b, [job], plusargs=[f"+vcd={vcd}", f"+vcd_from={lo}", f"+vcd_to={hi}"],
+             progress=_stage(progress, "rtl"))
     sigs = ["tb_top.dut.cyc", "tb_top.dut.tr_start_v", "tb_top.dut.tr_end_v", "tb_top.dut.tr_ret_v",
             "tb_top.ddr_rd__en", "tb_top.ddr_rd__addr", "tb_top.ap_done"]
     (out / f"cosim_{stem}.gtkw").write_text(

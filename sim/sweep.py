@@ -36,13 +36,19 @@ def parse_axis(spec: str) -> tuple[str, list]:
     return name, out
 
 
-def sweep(programs, target: Target, axes: dict[str, list]) -> list[dict]:
+def sweep(programs, target: Target, axes: dict[str, list], progress=None) -> list[dict]:
     """Time every program (list of ProgramArrays run back to back, e.g. a model's DPU subgraphs) at each
-    point of the cartesian product of `axes`; one row per point."""
+    point of the cartesian product of `axes`; one row per point.
+
+    `progress(done, total, what)` (optional) is called before each point (what = the point, e.g.
+    "ddr_latency=40") and once at the end (done == total, what = "done")."""
     names = list(axes)
     rows = []
-    for vals in itertools.product(*(axes[n] for n in names)):
+    points = list(itertools.product(*(axes[n] for n in names)))
+    for i, vals in enumerate(points):
         point = dict(zip(names, vals))
+        if progress is not None:
+            progress(i, len(points), ";".join(f"{n}={v}" for n, v in point.items()))
         t = target.with_timing(**point)
         cyc = rd = wr = 0
         busy = dict.fromkeys(ENGINES, 0)
@@ -61,4 +67,6 @@ def sweep(programs, target: Target, axes: dict[str, list]) -> list[dict]:
                "ddr_write_bytes": wr}
         row.update({f"busy_{k.lower()}": v / cyc if cyc else 0.0 for k, v in busy.items()})
         rows.append(row)
+    if progress is not None:
+        progress(len(points), len(points), "done")
     return rows
