@@ -100,7 +100,11 @@ import math
 from collections import Counter
 
 import numpy as np
-from numba import njit
+
+from isa.numba_cache import set_numba_cache_dir
+
+set_numba_cache_dir()          # one Numba cache for every opendpu kernel
+from numba import njit  # noqa: E402
 
 from quant.onnx_in import QuantError
 

@@ -595,8 +595,7 @@ def cmd_cosim(a) -> int:
     for t, progs in groups:
         t0 = time.perf_counter()
         with progress_bar(f"cosim on {a.rtl_sim}") as prog:
-            reps = cosim_programs(t, progs, backend=a.rtl_sim, progress=prog,
-                                  log=lambda m: print(m, file=sys.stderr))
+            reps = cosim_programs(t, progs, backend=a.rtl_sim, progress=prog)
         dt = time.perf_counter() - t0
         for rep, prog_ in zip(reps, progs):
             print(rep.summary())

@@ -8,27 +8,11 @@ time of an inference.
 """
 from __future__ import annotations
 
-import os
-import sys
 import time
 
+from isa.numba_cache import default_numba_cache_dir, set_numba_cache_dir  # noqa: E402,F401
 
-def default_numba_cache_dir() -> str:
-    """`$XDG_CACHE_HOME/opendpu/numba`, or `~/.cache/opendpu/numba` (XDG: a relative value is ignored)."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "opendpu", "numba")
-
-
-def _set_numba_cache_dir() -> None:
-    os.environ.setdefault("NUMBA_CACHE_DIR", default_numba_cache_dir())
-    if "numba" in sys.modules:        # imported earlier (e.g. by a library): make its config see the variable
-        from numba.core import config
-        config.reload_config()
-
-
-_set_numba_cache_dir()
+set_numba_cache_dir()
 
 from .executor import DpuMachine, ExecError  # noqa: E402,F401
 
