@@ -201,10 +201,15 @@ def cmd_run(a) -> int:
     # ---- work
     if a.backend != "ref" and gr.runners:
         _warm_kernels()
-    t0 = time.perf_counter()
-    res = gr.run(prepared, keep_values=True, layers=bool(a.dump or a.golden))
-    dt = time.perf_counter() - t0
-    print(f"ran {a.model} on backend {a.backend} in {dt * 1e3:.2f} ms (host time)")
+    from runtime.progress import progress_bar
+    with progress_bar("RTL build and run", enabled=a.backend == "rtl") as prog:
+        for r in gr.runners.values():
+            r.progress = prog
+        t0 = time.perf_counter()
+        res = gr.run(prepared, keep_values=True, layers=bool(a.dump or a.golden))
+        dt = time.perf_counter() - t0
+    print(f"ran {a.model} on backend {a.backend} in {dt * 1e3:.2f} ms (host time"
+          + (", including the RTL build" if a.backend == "rtl" else "") + ")")
     for name, r in gr.runners.items():
         st = r.stats
         if "cycles" in st:

@@ -281,9 +281,11 @@ class DpuSubgraph:
         self.last_schedule = simulate(self.arrays, target or self.target, machine=m)
         return self.read_outputs(m)
 
-    def run_rtl(self, inputs: list[np.ndarray], target: Target | None = None, backend: str | None = None):
+    def run_rtl(self, inputs: list[np.ndarray], target: Target | None = None, backend: str | None = None,
+                progress=None):
         """Execute mc_code on the RTL of the core (hw/, Verilator by default; OPENDPU_RTL_SIM picks the
-        simulator). Returns (outputs, hw.harness.RtlResult)."""
+        simulator). `progress(done, total, what)` hears the build and the run. Returns (outputs,
+        hw.harness.RtlResult)."""
         import os
         from hw.harness import build, ddr_needed, run_jobs
         from sim.cosim import through_end, rtl_job, subgraph_program
@@ -293,8 +295,9 @@ class DpuSubgraph:
         instrs, sizes, init = subgraph_program(self, inputs)
         instrs = through_end(instrs)
         sched = simulate(to_arrays(instrs), t)          # timing only: bounds the run, reports deadlocks
-        b = build(t, backend or os.environ.get("OPENDPU_RTL_SIM", "verilator"), ddr_bytes=ddr_needed(sizes))
-        res = run_jobs(b, [rtl_job(self.name, instrs, sizes, init, sched)])[0]
+        b = build(t, backend or os.environ.get("OPENDPU_RTL_SIM", "verilator"), ddr_bytes=ddr_needed(sizes),
+                  progress=progress)
+        res = run_jobs(b, [rtl_job(self.name, instrs, sizes, init, sched)], progress=progress)[0]
         if res.status != "done":
             raise RuntimeErrorDPU(f"subgraph {self.name!r}: the RTL did not finish within {res.waited} cycles "
                                   f"(DPU_STS={res.sts:#x})")

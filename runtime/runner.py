@@ -45,6 +45,7 @@ class Runner:
         self._jobs: dict[int, int] = {}
         self._machine = None
         self.schedule = None            # sim mode: sim.timing.Schedule of the last job
+        self.progress = None            # rtl mode: progress(done, total, what) for the build and the run
         if self.device == "DPU":
             self.dpu = DpuSubgraph(self.graph, subgraph)
             self.target = self.dpu.target
@@ -156,7 +157,7 @@ class Runner:
                                   latency_ms=self.schedule.latency_ms, clock_mhz=self.schedule.clock_mhz)
                 return out
             if self.mode == "rtl":
-                out, res = self.dpu.run_rtl(inputs, target=self.target)
+                out, res = self.dpu.run_rtl(inputs, target=self.target, progress=self.progress)
                 self.stats = dict(cycles=res.cycles, latency_ms=res.cycles / (self.target.timing.clock_mhz * 1e3),
                                   clock_mhz=self.target.timing.clock_mhz, rtl_wall_s=res.wall_seconds,
                                   counters=res.counters)
