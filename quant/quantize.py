@@ -568,10 +568,11 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
     prep = prepare(fg, cfg)
     if len(prep.input_nodes) != 1:
         raise QuantError(f"{source}: models with {len(prep.input_nodes)} inputs are not supported (one input)")
+    inp = prep.input_nodes[0]
+    qi = _load_quant_info(quant_info, prep) if quant_info is not None else None   # inputs checked before any work
+    x = calib_arrays(calib, inp.shape, cfg.calib_limit)
     placements = place_nodes(prep, target)
     timings["prepare"] = time.perf_counter() - t0
-    inp = prep.input_nodes[0]
-    x = calib_arrays(calib, inp.shape, cfg.calib_limit)
     qp = QParams()
     t1 = time.perf_counter()
     if cfg.bias_corr:
@@ -587,7 +588,6 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
                 need.append(n.name)
         elif n.kind != "pad":
             need.append(n.name)
-    qi = _load_quant_info(quant_info, prep) if quant_info is not None else None
     t2 = time.perf_counter()
     observers = {}
     if qi is None:
