@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MIN_OPSET = 13
+MAX_DIM = (1 << 31) - 1
 
 
 class QuantError(ValueError):
@@ -127,11 +128,19 @@ def _static_input_shapes(m, source: str, input_shape=None) -> list[tuple[str, li
                              f"are quantizable (TENSOR_TYPE_NOT_QUANTIZABLE)")
         dims = []
         for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > MAX_DIM:
+                raise QuantError(f"{source}: input {vi.name!r} dimension {i} is {d.dim_value}, beyond {MAX_DIM}")
             if d.HasField("dim_value") and d.dim_value > 0:
                 dims.append(int(d.dim_value))
+            elif d.HasField("dim_value") and i > 0:
+                raise QuantError(f"{source}: input {vi.name!r} dimension {i} is {d.dim_value}; every dimension "
+                                 f"but the batch must be > 0")
             elif i == 0:
                 dims.append(1)          # batch: the DPU runs batch 1 (XMODEL_BATCHSIZE)
             elif input_shape is not None:
+                if i >= len(input_shape) or not int(input_shape[i]) > 0:
+                    raise QuantError(f"{source}: input {vi.name!r} dimension {i} is dynamic and input_shape "
+                                     f"{list(input_shape)} gives no positive size for it")
                 dims.append(int(input_shape[i]))
             else:
                 raise QuantError(f"{source}: input {vi.name!r} dimension {i} is dynamic ({d.dim_param!r}); "
@@ -229,6 +238,8 @@ def to_fgraph(m, source: str = "<model>", input_shape=None) -> FGraph:
             continue
         nodes.append(node)
     outputs = [alias.get(o.name, o.name) for o in m2.graph.output]
+    if not outputs:
+        raise QuantError(f"{source}: the graph has no output")
     for o in outputs:
         if o in consts:
             raise QuantError(f"{source}: graph output {o!r} is a constant")

@@ -178,6 +178,52 @@ HOSTILE = {
 }
 
 
+def _onnx_node(m, name):
+    return next(n for n in m.graph.node if n.name == name)
+
+
+def _onnx_nan_weight(m):
+    from onnx import numpy_helper
+    t = next(i for i in m.graph.initializer if i.name == "features.0.weight")
+    a = numpy_helper.to_array(t).copy()
+    a.flat[3] = np.nan
+    t.CopyFrom(numpy_helper.from_array(a, t.name))
+
+
+def _onnx_extra_input(m):
+    from onnx import TensorProto, helper
+    m.graph.input.add().CopyFrom(helper.make_tensor_value_info("extra", TensorProto.FLOAT, [1, 1, 8, 8]))
+
+
+def _onnx_dim(i, **kw):
+    def edit(m):
+        d = m.graph.input[0].type.tensor_type.shape.dim[i]
+        d.Clear()
+        for k, v in kw.items():
+            setattr(d, k, v)
+    return edit
+
+
+# hostile ONNX models made from the digits CNN: name -> (edit of the ModelProto, substrings of the error)
+HOSTILE_ONNX = {
+    "dynamic_dim": (_onnx_dim(2, dim_param="H"), ["dynamic_dim.onnx", "dimension 2"]),
+    "zero_dim": (_onnx_dim(1, dim_value=0), ["zero_dim.onnx", "dimension 1"]),
+    "negative_dim": (_onnx_dim(2, dim_value=-3), ["negative_dim.onnx", "dimension 2"]),
+    "huge_dim": (_onnx_dim(3, dim_value=1 << 40), ["huge_dim.onnx", "dimension 3"]),
+    "int_input": (lambda m: setattr(m.graph.input[0].type.tensor_type, "elem_type", 7), ["int_input.onnx", "input"]),
+    "nan_weight": (_onnx_nan_weight, ["features.0.weight", ("nan", "inf")]),
+    "custom_domain": (lambda m: setattr(m.graph.node[2], "domain", "com.example"), ["com.example"]),
+    "no_output": (lambda m: m.graph.output.__delitem__(slice(None)), ["no_output.onnx", "output"]),
+    "unsorted_nodes": (lambda m: m.graph.node[0].input.__setitem__(0, m.graph.node[-1].output[0]),
+                       ["unsorted_nodes.onnx"]),
+    "unknown_op": (lambda m: setattr(_onnx_node(m, "/features/features.2/Relu"), "op_type", "NoSuchOp"),
+                   ["NoSuchOp"]),
+    "unsupported_op": (lambda m: setattr(_onnx_node(m, "/features/features.2/Relu"), "op_type", "Softsign"),
+                       ["Softsign"]),
+    "old_opset_bad": (lambda m: setattr(m.opset_import[0], "version", 7), ["old_opset_bad.onnx"]),
+}
+
+
 def _hostile_bytes(mnist: bytes, how) -> bytes:
     kind, fn = how
     if kind == "graph":
@@ -309,6 +355,15 @@ def ws(tmp_path_factory) -> Workspace:
     shutil.copyfile(MNIST_SRC, w.path("mnist", "mnist.xmodel"))
     shutil.copyfile(TF2_SRC, w.path("tf2", "tf2_custom_op.xmodel"))
     shutil.copyfile(DIGITS_SRC, w.path("onnx", "digits_cnn.onnx"))
+    import onnx
+    os.makedirs(os.path.join(w.inp, "hostile_onnx"))
+    for name, (edit, _) in HOSTILE_ONNX.items():
+        m = onnx.load(DIGITS_SRC)
+        edit(m)
+        w.write(f"ho_{name}", m.SerializeToString(), os.path.join("hostile_onnx", f"{name}.onnx"))
+    m = onnx.load(DIGITS_SRC)
+    _onnx_extra_input(m)
+    w.write("ho_two_inputs", m.SerializeToString(), os.path.join("hostile_onnx", "two_inputs.onnx"))
     mnist = open(MNIST_SRC, "rb").read()
     # plain inputs
     w.save("x", np.zeros((1, 28, 28, 1), np.float32))
@@ -434,21 +489,29 @@ COMPUTE = (("runtime.runner", "Runner._run"), ("runtime.runner", "Runner.run_lay
            ("quant.inspect", "op_descs"), ("quant.zoo", "summary"), ("quant.zoo", "build"))
 
 
-def _install_sentinels(monkeypatch, entries=COMPUTE) -> None:
+def _resolve(modname: str, attr: str):
+    """(owner object, attribute name) of a sentinel target, or None when it no longer exists."""
     import importlib
+    owner, name = importlib.import_module(modname), attr
+    if "." in attr:
+        cls, name = attr.split(".")
+        owner = getattr(owner, cls, None)
+    return (owner, name) if owner is not None and hasattr(owner, name) else None
+
+
+def _install_sentinels(monkeypatch, entries=COMPUTE) -> None:
     import runtime.cli as cli_mod
     for modname, attr in entries:
-        mod = importlib.import_module(modname)
-        owner, name = mod, attr
-        if "." in attr:
-            cls, name = attr.split(".")
-            owner = getattr(mod, cls)
+        found = _resolve(modname, attr)
+        if found is None:           # renamed: test_sentinel_targets_exist reports it, the other cases still run
+            continue
+        owner, name = found
         orig = getattr(owner, name)
 
         def sentinel(*a, _what=f"{modname}.{attr}", **k):
             raise ComputationStarted(f"computation started before validation: {_what}")
         monkeypatch.setattr(owner, name, sentinel)
-        if owner is mod and getattr(cli_mod, name, None) is orig:   # imported by name into the CLI
+        if "." not in attr and getattr(cli_mod, name, None) is orig:   # imported by name into the CLI
             monkeypatch.setattr(cli_mod, name, sentinel)
 
 
@@ -885,6 +948,10 @@ for _name, (_how, _must) in HOSTILE.items():
                 for _v, _argv in (("xmodel", "xmodel {model}"), ("check", "check {model} -n 1"),
                                   ("run_ref", "run {model} --backend ref -i {x}"))]
 
+ONNX_CASES = [Case(f"{v}_{name}", MODEL_VERBS[v].replace("{model}", f"{{ho_{name}}}"), must=must)
+              for name, (_, must) in HOSTILE_ONNX.items() for v in ("quantize", "inspect")]
+ONNX_CASES += [Case("quantize_two_inputs", "quantize {ho_two_inputs} --calib {calib}", must=["two_inputs.onnx", "2 inputs"])]
+
 # ---- K. hostile arch.json -----------------------------------------------------------------------------------------
 ARCHS = [Case(f"check_arch_{k}", "check {mnist} --target {arch_%s}" % k, must=[f"{k}.json"] + ARCH_MUST[k])
          for k in ARCH]
@@ -898,7 +965,7 @@ ARCHS += [Case(f"{v}_arch_{k}", f"{argv} --target {{arch_{k}}}", must=[f"{k}.jso
 
 ALL_TABLES = {"usage": USAGE, "ranges": RANGES, "timing": TIMING, "combinations": COMBOS, "input paths": PATHS,
               "output paths": OUTPUTS, "dtypes/NaN/shapes": VALUES, "corrupted xmodels": XMODELS,
-              "hostile arch.json": ARCHS}
+              "hostile ONNX": ONNX_CASES, "hostile arch.json": ARCHS}
 
 
 @_params(USAGE)
@@ -938,6 +1005,11 @@ def test_input_values(ws, case, monkeypatch, capsys):
 
 @_params(XMODELS)
 def test_corrupted_xmodels(ws, case, monkeypatch, capsys):
+    check_case(ws, case, monkeypatch, capsys)
+
+
+@_params(ONNX_CASES)
+def test_hostile_onnx(ws, case, monkeypatch, capsys):
     check_case(ws, case, monkeypatch, capsys)
 
 
@@ -1111,3 +1183,37 @@ def test_accepted_dtypes_agree(ws, monkeypatch, capsys, tmp_path):
         assert outs[name].keys() == outs["int8"].keys()
         for k in outs["int8"]:
             assert np.array_equal(outs[name][k], outs["int8"][k]), (name, k)
+
+
+def test_sentinel_targets_exist():
+    """Every heavy entry point the validation cases guard still exists (a rename would silently weaken them)."""
+    missing = [f"{m}.{a}" for m, a in COMPUTE + RTL_SENTINELS if _resolve(m, a) is None]
+    assert not missing, f"sentinel targets gone (update COMPUTE): {missing}"
+
+
+# ---- N. a custom-op plugin whose implementation misbehaves: OpError naming the op ------------------------------------
+PLUGINS = {
+    "raises": ("def f(op, ins):\n    raise ValueError('boom in the user op')\n", ["custom_layer", "boom"]),
+    "wrong_shape": ("import numpy as np\ndef f(op, ins):\n    return np.zeros(3, np.float32)\n",
+                    ["custom_layer", "[3]"]),
+    "returns_text": ("def f(op, ins):\n    return 'hello'\n", ["custom_layer"]),
+    "returns_none": ("def f(op, ins):\n    return None\n", ["custom_layer"]),
+    "returns_objects": ("import numpy as np\ndef f(op, ins):\n    return np.full(op.output.shape, object())\n",
+                        ["custom_layer"]),
+}
+
+
+@pytest.mark.parametrize("kind", list(PLUGINS))
+def test_misbehaving_custom_op(ws, kind, monkeypatch, capsys, tmp_path):
+    from runtime.ops import unregister_op
+    body, must = PLUGINS[kind]
+    plug = tmp_path / f"plugin_{kind}.py"
+    plug.write_text("from runtime import register_op\n" + body + "register_op('Mylayer', f)\n")
+    try:
+        r = run_cli(ws, ["run", ws.p["tf2"], "--backend", "ref", "-i", ws.p["x"], "--op-plugin", str(plug)],
+                    monkeypatch, capsys, sentinels=False)
+    finally:
+        unregister_op("Mylayer")
+    assert r.code == 2, r.err + r.out
+    for m in must:
+        assert m.lower() in r.msg.lower(), r.msg
