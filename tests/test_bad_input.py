@@ -1217,3 +1217,25 @@ def test_misbehaving_custom_op(ws, kind, monkeypatch, capsys, tmp_path):
     assert r.code == 2, r.err + r.out
     for m in must:
         assert m.lower() in r.msg.lower(), r.msg
+
+
+# ---- the harness itself can fail ------------------------------------------------------------------------------------
+def test_harness_catches_a_written_file(ws, monkeypatch, capsys):
+    out = os.path.join(ws.out, "harness_probe.npz")
+    try:
+        with pytest.raises(AssertionError, match="left the workspace changed"):
+            run_cli(ws, ["run", ws.p["mnist"], "--backend", "ref", "-i", ws.p["x"], "-o", out], monkeypatch, capsys,
+                    sentinels=False)
+    finally:
+        if os.path.exists(out):
+            os.remove(out)
+
+
+def test_harness_catches_computation(ws, monkeypatch, capsys):
+    with pytest.raises(ComputationStarted):
+        run_cli(ws, ["run", ws.p["mnist"], "--backend", "ref", "-i", ws.p["x"]], monkeypatch, capsys)
+
+
+def test_harness_catches_a_message_that_names_the_wrong_thing(ws, monkeypatch, capsys):
+    with pytest.raises(AssertionError, match="does not name"):
+        check_case(ws, Case("probe", "check {mnist} -n 0", must=["--seed"]), monkeypatch, capsys)
