@@ -173,7 +173,8 @@ def calib_arrays(calib, shape: list[int], limit: int | None = None, what: str = 
         out.append(a)
     x = np.concatenate(out, axis=0) if out else np.zeros([0] + want, np.float32)
     if x.shape[0] == 0:
-        raise QuantError(f"NO_CALIBRATION: the {what} is empty (0 samples)")
+        src = ", ".join(w for w, _ in items) if items and items[0][0] != "array" else ""
+        raise QuantError(f"NO_CALIBRATION: the {what}{' ' + src if src else ''} is empty (0 samples)")
     return x[:limit] if limit else x
 
 

@@ -371,27 +371,29 @@ def cmd_disasm(a) -> int:
 def cmd_xmodel(a) -> int:
     from runtime.dpu import DpuSubgraph
     g = _load_graph(a.model)
-    print(f"graph {g.name}: {len(g.ops)} ops, {len(g.root.children)} subgraphs")
-    for sg in g.toposort_child_subgraphs():
+    lines = [f"graph {g.name}: {len(g.ops)} ops, {len(g.root.children)} subgraphs"]
+    for sg in g.toposort_child_subgraphs():      # everything is read first: a bad subgraph prints nothing
         ops = g.toposort(sg.all_ops())
-        print(f"subgraph {sg.name}  device={sg.device}  ops={len(ops)}")
+        lines.append(f"subgraph {sg.name}  device={sg.device}  ops={len(ops)}")
         if sg.device == "DPU":
             d = DpuSubgraph(g, sg)
-            print(f"  dpu_name={sg.get('dpu_name')} fingerprint=0x{d.fingerprint:016X} target={d.target.name}")
-            print(f"  instructions={len(d.instructions)} mc_code={len(d.mc_code)} B workload={sg.get('workload')}")
+            lines.append(f"  dpu_name={sg.get('dpu_name')} fingerprint=0x{d.fingerprint:016X} target={d.target.name}")
+            lines.append(f"  instructions={len(d.instructions)} mc_code={len(d.mc_code)} B "
+                         f"workload={sg.get('workload')}")
             for r in sorted(d.reg_sizes):
-                print(f"  REG_{r}: {d.reg_context.get(r, '?'):10s} {d.reg_sizes[r]} B"
-                      + (f" (parameters {len(d.params[r])} B)" if r in d.params else ""))
-            for t in d.inputs:
-                print(f"  input  {t.name} {list(t.dims)} {t.dtype} fix_point={t.fix_point} REG_{t.reg_id}+{t.ddr_addr}")
-            for t in d.outputs:
-                print(f"  output {t.name} {list(t.dims)} {t.dtype} fix_point={t.fix_point} REG_{t.reg_id}+{t.ddr_addr}")
+                lines.append(f"  REG_{r}: {d.reg_context.get(r, '?'):10s} {d.reg_sizes[r]} B"
+                             + (f" (parameters {len(d.params[r])} B)" if r in d.params else ""))
+            for kind, ts in (("input ", d.inputs), ("output", d.outputs)):
+                for t in ts:
+                    lines.append(f"  {kind} {t.name} {list(t.dims)} {t.dtype} fix_point={t.fix_point} "
+                                 f"REG_{t.reg_id}+{t.ddr_addr}")
         if a.verbose or sg.device != "DPU":
             for n in ops:
                 op = g.ops[n]
                 t = op.output
-                print(f"    {op.type:22s} {n}  -> {list(t.shape)} {t.dtype_name}"
-                      + (f" fix_point={t.fix_point}" if t.fix_point is not None else ""))
+                lines.append(f"    {op.type:22s} {n}  -> {list(t.shape)} {t.dtype_name}"
+                             + (f" fix_point={t.fix_point}" if t.fix_point is not None else ""))
+    print("\n".join(lines))
     return 0
 
 
@@ -631,18 +633,9 @@ def _npz_or_npy(path: str, what: str):
 
 
 def _onnx_input_shape(path: str) -> list[int]:
-    """[1, C, H, W] of an ONNX model's first real input (batch fixed to 1), read without preparing the model."""
-    import onnx
-    try:
-        m = onnx.load(path, load_external_data=False)
-    except Exception as e:  # noqa: BLE001 - onnx raises DecodeError and others for a non-ONNX file
-        raise CliError(f"model {path}: not an ONNX model ({type(e).__name__})") from None
-    inits = {i.name for i in m.graph.initializer}
-    for vi in m.graph.input:
-        if vi.name not in inits:
-            dims = [d.dim_value if d.HasField("dim_value") else 1 for d in vi.type.tensor_type.shape.dim]
-            return [1] + dims[1:]
-    raise CliError(f"model {path}: has no input")
+    """[1, C, H, W] of an ONNX model's first input (batch fixed to 1), checked as the quantizer checks it."""
+    from quant.onnx_in import _static_input_shapes, load_onnx
+    return _static_input_shapes(load_onnx(path), path)[0][1]
 
 
 def cmd_quantize(a) -> int:
@@ -659,22 +652,22 @@ def cmd_quantize(a) -> int:
                       percentile=a.percentile, batch_size=a.batch_size, calib_limit=a.calib_limit,
                       replace_sigmoid=a.replace_sigmoid, bias_corr=a.bias_corr, fast_finetune=a.fast_finetune,
                       seed=a.seed)
-    calib, _ = _npz_or_npy(a.calib, "--calib")
+    shape = _onnx_input_shape(a.model)
+    x = calib_arrays(a.calib, shape, cfg.calib_limit)      # checked before any work; errors name the file
     ev_data = None
     if a.evaluate:                          # checked before calibration, so a bad evaluation set costs nothing
         from quant.onnx_in import QuantError
         from quant.quantize import eval_arrays
         ex, ey = _npz_or_npy(a.evaluate, "--evaluate")
         try:
-            ev_data = eval_arrays(ex, _onnx_input_shape(a.model), ey)
+            ev_data = eval_arrays(ex, shape, ey)
         except QuantError as e:
             raise CliError(f"--evaluate {a.evaluate}: {e}") from None
     t0 = time.perf_counter()
     from runtime.progress import progress_bar
     with progress_bar("calibration") as prog:
-        res = quantize(a.model, calib, target=a.target, config=cfg, quant_info=a.quant_info,
+        res = quantize(a.model, x, target=a.target, config=cfg, quant_info=a.quant_info,
                        progress=(lambda i, n: prog(i, n, "batches")) if prog else None)
-    x = calib_arrays(calib, res.prep.input_nodes[0].shape, cfg.calib_limit)
     ev = res.evaluate(*ev_data) if ev_data else None
     paths = res.write(a.output, calib_x=x, evaluate=ev, force=a.force, inputs=ins)
     dt = time.perf_counter() - t0
@@ -755,6 +748,14 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         raise _UsageError(self.prog, message)
+
+    def parse_args(self, args=None, namespace=None):
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:        # reported by the top parser: name the verb they were given to
+            cmd = getattr(ns, "cmd", None)
+            raise _UsageError(f"{self.prog} {cmd}" if cmd else self.prog,
+                              f"unrecognized arguments: {' '.join(extras)}")
+        return ns
 
 
 class _Fmt(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -965,7 +966,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except errors as e:
         msg = " ".join(str(e).split("\n")).strip() or type(e).__name__
+        model = getattr(args, "model", None)
+        if isinstance(e, (XModelError, RuntimeErrorDPU)) and model and model not in msg:
+            msg = f"{model}: {msg}"             # name the file the damaged subgraph came from
         print(f"opendpu {args.cmd}: error: {msg}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"opendpu {args.cmd}: error: out of memory (the model or the data is larger than this machine can "
+              f"hold)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"opendpu {args.cmd}: interrupted", file=sys.stderr)

@@ -47,7 +47,7 @@ def float_range(lo: float, hi: float, lo_open: bool = True):
             raise argparse.ArgumentTypeError(f"{s} is not a finite number")
         if (v <= lo if lo_open else v < lo) or v > hi:
             left = "(" if lo_open else "["
-            raise argparse.ArgumentTypeError(f"{v:g} is out of range (must be in {left}{lo:g}, {hi:g}])")
+            raise argparse.ArgumentTypeError(f"{s} is out of range (must be in {left}{lo:g}, {hi:g}])")
         return v
     conv.__name__ = "number"
     return conv

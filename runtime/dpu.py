@@ -18,6 +18,9 @@ from isa.program import IsaError, ProgramArrays, decode, to_arrays
 from isa.target import Target, TargetError
 
 
+MAX_DDR_BYTES = 1 << 31       # all DDR registers of one subgraph; the largest shared model uses ~34 MB
+
+
 class RuntimeErrorDPU(RuntimeError):
     """A subgraph or tensor the runtime cannot use; the message names it."""
 
@@ -116,6 +119,12 @@ class DpuSubgraph:
             raise RuntimeErrorDPU(f"subgraph {sg.name!r}: {e}") from None
         self.fingerprint = int(fp)
         self.reg_sizes: dict[int, int] = {k: int(v) for k, v in _reg_map(sg, "reg_id_to_size").items()}
+        total = sum(self.reg_sizes.values())
+        if total > MAX_DDR_BYTES:
+            big = max(self.reg_sizes, key=self.reg_sizes.get)
+            raise RuntimeErrorDPU(f"subgraph {sg.name!r}: its DDR registers total {total} bytes (REG_{big}: "
+                                  f"{self.reg_sizes[big]} B), beyond the emulator's {MAX_DDR_BYTES} bytes; a "
+                                  f"compiled model needs far less (reg_id_to_size is damaged?)")
         ctx = _reg_map(sg, "reg_id_to_context_type_v2") or _reg_map(sg, "reg_id_to_context_type")
         self.reg_context: dict[int, str] = {k: str(v) for k, v in ctx.items()}
         self.params: dict[int, bytes] = {k: bytes(v) for k, v in _reg_map(sg, "reg_id_to_parameter_value").items()}
@@ -156,6 +165,9 @@ class DpuSubgraph:
                 if len(ups) != 1 or self.graph.ops[ups[0]].type != "upload":
                     raise RuntimeErrorDPU(f"subgraph {self.name!r}: input {p!r} is not read through one upload op")
                 img = tensor_spec(self.graph.ops[ups[0]].output, ups[0])
+                if img.reg_id is None:
+                    raise RuntimeErrorDPU(f"subgraph {self.name!r}: input {p!r} has no DDR image (reg_id on the "
+                                          f"upload {ups[0]!r})")
                 spec = tensor_spec(outside.output, p)
                 spec.reg_id, spec.ddr_addr, spec.stride = img.reg_id, img.ddr_addr, img.stride
                 if spec.fix_point is None:
