@@ -40,8 +40,10 @@ class PlainProgress:
     thread (started by `start`, stopped by `stop`) that prints "still ..." after `heartbeat` idle
     seconds. `clock` is injectable for tests."""
 
-    def __init__(self, desc: str, stream, interval: float = 5.0, heartbeat: float = 30.0, clock=time.monotonic):
+    def __init__(self, desc: str, stream, interval: float = 5.0, heartbeat: float = 30.0, clock=time.monotonic,
+                 quiet: float = 0.0):
         self.desc = desc
+        self.quiet = quiet               # work that ends within this many seconds prints nothing
         self.stream = stream
         self.interval = interval
         self.heartbeat = heartbeat
@@ -66,6 +68,8 @@ class PlainProgress:
         with self._lock:
             prev = self.state
             self.state = (done, total, what)
+            if self.clock() - self.t0 < self.quiet:
+                return
             if prev is None or self.printed is None:
                 show = True
             else:
@@ -99,7 +103,8 @@ class PlainProgress:
 
 
 @contextmanager
-def progress_bar(desc: str, enabled: bool = True, stream=None, interval: float = 5.0, heartbeat: float = 30.0):
+def progress_bar(desc: str, enabled: bool = True, stream=None, interval: float = 5.0, heartbeat: float = 30.0,
+                 quiet: float = 1.0):
     """Context manager giving a `progress(done, total, what)` callback (None when not `enabled`).
 
     Draws a rich progress bar on `stream` (default stderr) when it is a terminal; otherwise prints plain
@@ -125,7 +130,7 @@ def progress_bar(desc: str, enabled: bool = True, stream=None, interval: float =
                                description=f"{desc}: {what}" if what else desc)
                 yield cb
             return
-    plain = PlainProgress(desc, stream, interval=interval, heartbeat=heartbeat)
+    plain = PlainProgress(desc, stream, interval=interval, heartbeat=heartbeat, quiet=quiet)
     plain.start()
     try:
         yield plain

@@ -223,11 +223,16 @@ def test_progress_bar_modes():
     with progress_bar("x", enabled=False) as cb:
         assert cb is None
     out = io.StringIO()                           # not a terminal: plain lines
-    with progress_bar("sweep", stream=out) as cb:
+    with progress_bar("sweep", stream=out, quiet=0) as cb:
         assert isinstance(cb, PlainProgress)
         cb(0, 2, "p=1")
         cb(2, 2, "done")
     assert out.getvalue().splitlines() == ["sweep: p=1 [0/2] (0 s)", "sweep: done [2/2] (0 s)"]
+    quick = io.StringIO()                         # work that ends within `quiet` seconds prints nothing
+    with progress_bar("calibration", stream=quick, quiet=60) as cb:
+        for i in range(8):
+            cb(i + 1, 8, "batches")
+    assert quick.getvalue() == ""
 
     class Tty(io.StringIO):
         def isatty(self):
