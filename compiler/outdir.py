@@ -90,10 +90,10 @@ def check_file(path: str, *, suffixes: tuple[str, ...] = (), force: bool = False
     """Raise OutputError unless `path` may be written as a file output (creates nothing)."""
     if not path:
         raise OutputError(f"{what}: empty path")
-    if suffixes and not path.lower().endswith(tuple(s.lower() for s in suffixes)):
-        raise OutputError(f"{what} {path}: the file name must end in {' or '.join(suffixes)}")
     if os.path.isdir(path):
         raise OutputError(f"{what} {path} is a directory; give a file name")
+    if suffixes and not path.lower().endswith(tuple(s.lower() for s in suffixes)):
+        raise OutputError(f"{what} {path}: the file name must end in {' or '.join(suffixes)}")
     _writable_parent(path, what)
     if os.path.lexists(path):
         for i in inputs:
