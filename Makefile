@@ -25,7 +25,7 @@ iverilog:
 	    sudo apt-get install -y -q iverilog; } || echo "warning: iverilog not installed; the Icarus test is skipped"; }
 
 demo: venv
-	$(PY) -m runtime.demo --models $(MODELS)
+	$(PY) -m opendpu.runtime.demo --models $(MODELS)
 
 test: venv iverilog
 	$(PY) -m pytest -q

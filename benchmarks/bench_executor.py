@@ -15,9 +15,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from compiler.xir.graph import Graph  # noqa: E402
-from runtime.dpu import DpuSubgraph, dpu_subgraphs  # noqa: E402
-from runtime.runner import create_runner  # noqa: E402
+from opendpu.compiler.xir.graph import Graph  # noqa: E402
+from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs  # noqa: E402
+from opendpu.runtime.runner import create_runner  # noqa: E402
 
 DEFAULT = [("dpu_mnist_classifier", 50), ("tf2_custom_op", 50), ("yolox_nano_b4096", 3), ("yolox_nano_b512", 3),
            ("pointpillars_custom_op", 1)]

@@ -14,8 +14,8 @@ import numpy as np
 
 
 def main() -> int:
-    from quant import zoo
-    from quant.quantize import QuantConfig, quantize
+    from opendpu.quant import zoo
+    from opendpu.quant.quantize import QuantConfig, quantize
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="resnet50", choices=zoo.NAMES)
     ap.add_argument("--images", type=int, default=100)

@@ -17,11 +17,11 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
 
-from hw.harness import Job, build, ddr_needed, run_jobs  # noqa: E402
-from isa.program import encode  # noqa: E402
-from isa.target import Target, get_target  # noqa: E402
-from sim.progen import random_program  # noqa: E402
-from sim.timing import simulate  # noqa: E402
+from opendpu.hw.harness import Job, build, ddr_needed, run_jobs  # noqa: E402
+from opendpu.isa.program import encode  # noqa: E402
+from opendpu.isa.target import Target, get_target  # noqa: E402
+from opendpu.sim.progen import random_program  # noqa: E402
+from opendpu.sim.timing import simulate  # noqa: E402
 
 
 def workload(t, n_progs, n_instr, seed=0):
@@ -53,8 +53,8 @@ def bench_target(name, t, flow, n_progs, n_instr):
 
 
 def bench_mnist(models):
-    from compiler.xir.graph import Graph
-    from runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from opendpu.compiler.xir.graph import Graph
+    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
     path = os.path.join(models, "dpu_mnist_classifier.xmodel")
     if not os.path.isfile(path):
         print(f"(no {path})")

@@ -19,10 +19,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from compiler.xir.graph import Graph  # noqa: E402
-from isa.target import Target  # noqa: E402
-from runtime.dpu import DpuSubgraph, dpu_subgraphs  # noqa: E402
-from sim.timing import simulate  # noqa: E402
+from opendpu.compiler.xir.graph import Graph  # noqa: E402
+from opendpu.isa.target import Target  # noqa: E402
+from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs  # noqa: E402
+from opendpu.sim.timing import simulate  # noqa: E402
 
 MODELS = ("dpu_mnist_classifier", "tf2_custom_op", "yolox_nano_b4096", "yolox_nano_b512", "pointpillars_custom_op")
 
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
             rates.append(s.total_cycles / t_only)
             print(f"{name + '#' + str(k):58s} {len(s):7d} {s.total_cycles:10d} {t_only * 1e3:9.2f} "
                   f"{s.total_cycles / t_only / 1e6:8.1f} {t_func * 1e3:9.1f} {s.total_cycles / t_func / 1e6:8.1f}")
-    from sim.progen import random_program
+    from opendpu.sim.progen import random_program
     for tname in ("B4096", "B512"):
         t = Target.from_name(tname)
         t0 = time.perf_counter()

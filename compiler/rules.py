@@ -98,9 +98,9 @@ import math
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
-from compiler.ref.ops import avg_pool_factor
-from isa.fields import FIELDS
-from isa.target import ALU_TYPES, Target
+from opendpu.compiler.ref.ops import avg_pool_factor
+from opendpu.isa.fields import FIELDS
+from opendpu.isa.target import ALU_TYPES, Target
 
 __all__ = ["OpDesc", "Placement", "place", "limits", "inspect_table", "format_report",
            "fusable_nonlinear", "LEAKY_ALPHA"]

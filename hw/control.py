@@ -21,7 +21,7 @@ from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from isa.fields import BY_OPCODE, LOAD_ENGINE, SAVE_ENGINE, CONV_ENGINE, MISC_ENGINE
+from opendpu.isa.fields import BY_OPCODE, LOAD_ENGINE, SAVE_ENGINE, CONV_ENGINE, MISC_ENGINE
 
 from . import iface
 from .params import HwParams

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from amaranth.hdl import Value
 
-from isa.fields import BY_NAME, FIELDS
+from opendpu.isa.fields import BY_NAME, FIELDS
 
 
 def header(words: Value) -> dict[str, Value]:

@@ -326,7 +326,7 @@ int main(int argc, char** argv) {
 }
 """
 
-COCOTB_MODULE = "hw.cocotb_bench"
+COCOTB_MODULE = "opendpu.hw.cocotb_bench"
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from isa.target import Target, get_target
+from opendpu.isa.target import Target, get_target
 
 # Minimum pipeline latencies the RTL engines need (cycles). A Target whose timing is smaller cannot be
 # realised cycle-exactly by this RTL; `HwParams` refuses it with a clear message.

@@ -101,12 +101,12 @@ from collections import Counter
 
 import numpy as np
 
-from isa.numba_cache import set_numba_cache_dir
+from opendpu.isa.numba_cache import set_numba_cache_dir
 
 set_numba_cache_dir()          # one Numba cache for every opendpu kernel
 from numba import njit  # noqa: E402
 
-from quant.onnx_in import QuantError
+from opendpu.quant.onnx_in import QuantError
 
 ROUND_MODES = ("half_even", "half_up", "half_down", "std_round", "floor")
 METHODS = ("maxmin", "percentile", "mse", "entropy", "diffs")

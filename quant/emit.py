@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.ref.ops import avg_pool_factor
-from quant.prepare import Prepared, QNode
+from opendpu.compiler.ref.ops import avg_pool_factor
+from opendpu.quant.prepare import Prepared, QNode
 
 HSIG_A = 2731 / 16384          # the DPU's 1/6 (spec §7.6)
 TIE_BITS = 16                  # QDQ tie-break offset 2^-(fp+16): 1/65536 LSB, one float32 ulp at 64..128 LSB
@@ -271,7 +271,7 @@ def value_name(prep: Prepared, name: str, mode: str) -> str:
 def session(model, threads: int | None = None):
     """An onnxruntime session for an in-memory model (graph optimisations on, CPU)."""
     import onnxruntime as ort
-    from quant.onnx_in import QuantError
+    from opendpu.quant.onnx_in import QuantError
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if threads:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from quant import calib as C
-from quant.emit import emit_onnx, session, value_name
+from opendpu.quant import calib as C
+from opendpu.quant.emit import emit_onnx, session, value_name
 
 
 def _batches(x: np.ndarray, bs: int):
@@ -109,7 +109,7 @@ def _rows(x: np.ndarray, n, pos: np.ndarray) -> np.ndarray:
 def fast_finetune(res, x: np.ndarray, rows: int = 1024, samples: int = 64) -> list[dict]:
     """Tune every conv / depthwise layer of a QuantResult (see the module docstring); updates weights,
     re-derives the integer weights and biases and returns a per-layer log."""
-    from quant.quantize import _biases
+    from opendpu.quant.quantize import _biases
     prep, qp, cfg = res.prep, res.qp, res.config
     rng = np.random.default_rng(cfg.seed)
     xs = x[:samples]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from quant.onnx_in import QuantError, load_onnx, to_fgraph
-from quant.prepare import Prepared, prepare
-from quant.xir_out import NHWC_AXIS, act_attrs, geom_attrs, nhwc, xir_weights
+from opendpu.quant.onnx_in import QuantError, load_onnx, to_fgraph
+from opendpu.quant.prepare import Prepared, prepare
+from opendpu.quant.xir_out import NHWC_AXIS, act_attrs, geom_attrs, nhwc, xir_weights
 
 _XIR_TYPE = {"input": "data", "conv": "conv2d", "dwconv": "depthwise-conv2d", "tconv": "transposed-conv2d",
              "pool": "pool", "eltwise": "eltwise", "concat": "concat", "upsample": "upsample",
@@ -16,7 +16,7 @@ _ACT_TYPE = {"RELU": "relu", "RELU6": "relu6", "LEAKYRELU": "leaky-relu", "NONE"
 
 def op_descs(prep: Prepared) -> list:
     """The prepared ops as `compiler.rules.OpDesc` (XIR types and attribute names, NHWC shapes)."""
-    from compiler.rules import OpDesc
+    from opendpu.compiler.rules import OpDesc
     shapes = {n.name: n.shape for n in prep.nodes}
     out = []
     for n in prep.nodes:
@@ -53,8 +53,8 @@ def op_descs(prep: Prepared) -> list:
 
 def inspect_model(model, target, input_shape=None):
     """(prepared graph, [(QNode, Placement)]) for an ONNX model on a target."""
-    from isa.target import TargetError, get_target
-    from compiler.rules import place
+    from opendpu.isa.target import TargetError, get_target
+    from opendpu.compiler.rules import place
     try:
         t = get_target(target) if not hasattr(target, "cp") else target
     except TargetError as e:
@@ -71,7 +71,7 @@ def inspect_model(model, target, input_shape=None):
 
 def format_inspect(t, prep: Prepared, rows, verbose: int = 1) -> str:
     """The inspect_<target>.txt text: target, limits, then the ops (verbose 1: CPU ops; 2: every op)."""
-    from compiler.rules import limits
+    from opendpu.compiler.rules import limits
     fp = "none" if t.fingerprint is None else f"0x{t.fingerprint:016X}"
     lines = ["[VAIQ_NOTE]: =>Start to inspect model...",
              f"Target: {t.name}  fingerprint: {fp}  PP {t.pp} CP {t.cp} ALU_PP {t.alu_pp} bank_depth {t.bank_depth}",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from quant.onnx_in import FGraph, Node, QuantError
+from opendpu.quant.onnx_in import FGraph, Node, QuantError
 
 LEAKY_ALPHA = 26 / 256          # the DPU's only LeakyReLU slope (UG1414; spec §7.2)
 FLOAT_OPS = {"Softmax": "softmax", "Sigmoid": "sigmoid", "Tanh": "tanh"}

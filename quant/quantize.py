@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from compiler.xir.graph import dump_stem
-from quant import calib as C
-from quant.emit import QParams, emit_onnx, session, value_name
-from quant.onnx_in import QuantError, load_onnx, to_fgraph, torch_to_onnx
-from quant.prepare import Prepared, prepare
+from opendpu.compiler.xir.graph import dump_stem
+from opendpu.quant import calib as C
+from opendpu.quant.emit import QParams, emit_onnx, session, value_name
+from opendpu.quant.onnx_in import QuantError, load_onnx, to_fgraph, torch_to_onnx
+from opendpu.quant.prepare import Prepared, prepare
 
 HSIG_OUT_FP = 7          # hard-sigmoid output is [0, 1]: fix point 7 (its DPU form saturates at 127/128)
 CONV_KINDS = ("conv", "dwconv", "tconv")
@@ -315,7 +315,7 @@ class QuantResult:
 
     # ---- views --------------------------------------------------------------------------------
     def xmodel(self):
-        from quant.xir_out import build_xmodel
+        from opendpu.quant.xir_out import build_xmodel
         return build_xmodel(self.prep, self.qp)
 
     def qdq_onnx(self):
@@ -450,7 +450,7 @@ class QuantResult:
         """Write every output into out_dir by the shared output rule (compiler.outdir): a missing directory is
         created, an existing one must be empty or opendpu's own unless `force`; only opendpu's files are
         replaced, and nothing is left behind when writing fails."""
-        from compiler.outdir import DirOutput
+        from opendpu.compiler.outdir import DirOutput
         out = DirOutput(out_dir, force=force, inputs=inputs)
         with out as tmp:
             paths = self._write_into(tmp, calib_x, golden_input, evaluate)
@@ -506,8 +506,8 @@ def place_nodes(prep: Prepared, target) -> dict:
     """DPU/CPU placement of every op by the shared rule set (compiler.rules)."""
     if target is None:
         return {}
-    from quant.inspect import op_descs
-    from compiler.rules import place
+    from opendpu.quant.inspect import op_descs
+    from opendpu.compiler.rules import place
     out = {}
     for n, d in zip(prep.nodes, op_descs(prep)):
         p = place(d, target)
@@ -553,7 +553,7 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
     t0 = time.perf_counter()
     timings = {}
     if target is not None and not hasattr(target, "cp"):
-        from isa.target import TargetError, get_target
+        from opendpu.isa.target import TargetError, get_target
         try:
             target = get_target(target)
         except TargetError as e:
@@ -577,7 +577,7 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
     qp = QParams()
     t1 = time.perf_counter()
     if cfg.bias_corr:
-        from quant.finetune import bias_correction
+        from opendpu.quant.finetune import bias_correction
         bias_correction(prep, cfg, x)
     _weights(prep, cfg, qp)
     timings["weights"] = time.perf_counter() - t1
@@ -610,7 +610,7 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
                       _model_name(m, source), list(prep.notes))
     if cfg.fast_finetune:
         t3 = time.perf_counter()
-        from quant.finetune import fast_finetune
+        from opendpu.quant.finetune import fast_finetune
         fast_finetune(res, x)
         timings["fast_finetune"] = time.perf_counter() - t3
     timings["total"] = time.perf_counter() - t0

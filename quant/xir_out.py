@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.xir.graph import DATA_TYPE_CODES, Graph, Tensor
-from quant.emit import QParams
-from quant.prepare import Prepared, QNode
+from opendpu.compiler.xir.graph import DATA_TYPE_CODES, Graph, Tensor
+from opendpu.quant.emit import QParams
+from opendpu.quant.prepare import Prepared, QNode
 
 XINT = DATA_TYPE_CODES["XINT"]
 FLOAT = DATA_TYPE_CODES["FLOAT"]

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from quant.onnx_in import QuantError
+from opendpu.quant.onnx_in import QuantError
 
 OPSET = 17
 NAMES = ("resnet18", "resnet50", "mobilenet_v1", "mobilenet_v2", "squeezenet", "inception_v1", "tiny_yolo")

@@ -10,16 +10,16 @@ import time
 
 import numpy as np
 
-from compiler.outdir import DirOutput, check_dir, check_file
-from compiler.xir.graph import dump_stem
-from runtime.cli_checks import (SEED, CliError, float_range, input_dir, input_file, input_path, int_range,
+from opendpu.compiler.outdir import DirOutput, check_dir, check_file
+from opendpu.compiler.xir.graph import dump_stem
+from opendpu.runtime.cli_checks import (SEED, CliError, float_range, input_dir, input_file, input_path, int_range,
                                 load_array, load_bin, load_npz, timing_overrides, timing_value)
 
 __all__ = ["main", "build_parser", "CliError"]
 
 
 def _load_graph(path: str):
-    from compiler.xir.graph import Graph
+    from opendpu.compiler.xir.graph import Graph
     input_file(path, "model")
     return Graph.load(path)
 
@@ -60,7 +60,7 @@ def _golden_index(files: list[str]) -> dict[str, str]:
 def _load_plugins(paths) -> None:
     """--op-plugin: import each module file; it registers custom CPU ops with runtime.register_op."""
     import importlib.util
-    from runtime.ops import registered_ops
+    from opendpu.runtime.ops import registered_ops
     for p in paths or []:
         input_file(p, "--op-plugin")
         if not p.endswith(".py"):
@@ -96,7 +96,7 @@ def _warn(msg: str) -> None:
 
 def _check_cpu_ops(g) -> None:
     """Every CPU op must have an implementation before anything runs (a custom op needs --op-plugin)."""
-    from runtime.ops import unimplemented_ops
+    from opendpu.runtime.ops import unimplemented_ops
     names = [n for sg in g.toposort_child_subgraphs() if sg.device == "CPU" for n in g.toposort(sg.all_ops())]
     if not g.root.children:
         names = [n for n in g.toposort() if g.ops[n].type not in ("data", "data-fix")]
@@ -110,7 +110,7 @@ def _check_cpu_ops(g) -> None:
 
 def _warm_kernels() -> float:
     """Compile (or load from the cache) the simulator kernels, reporting it apart from the work's timing."""
-    from sim import warm_kernels
+    from opendpu.sim import warm_kernels
     msg = []
 
     def log(s):
@@ -161,8 +161,8 @@ def _run_inputs(a, specs) -> list[np.ndarray]:
 
 
 def cmd_run(a) -> int:
-    from runtime.dpu import RuntimeErrorDPU
-    from runtime.runner import GraphRunner, layout_name
+    from opendpu.runtime.dpu import RuntimeErrorDPU
+    from opendpu.runtime.runner import GraphRunner, layout_name
     # ---- validate everything before any work
     input_file(a.model, "model")
     ins = list(a.input or [])
@@ -201,7 +201,7 @@ def cmd_run(a) -> int:
     # ---- work
     if a.backend != "ref" and gr.runners:
         _warm_kernels()
-    from runtime.progress import progress_bar
+    from opendpu.runtime.progress import progress_bar
     with progress_bar("RTL build and run", enabled=a.backend == "rtl") as prog:
         for r in gr.runners.values():
             r.progress = prog
@@ -292,7 +292,7 @@ def _compare_golden(g, gdir: str, gfiles: list[str], layer_vals: dict) -> int:
 
 # ---- check ----------------------------------------------------------------------------------------
 def _check_target(dpu, spec) -> None:
-    from isa.target import get_target
+    from opendpu.isa.target import get_target
     t = get_target(spec)
     if t.fingerprint != dpu.fingerprint:
         raise CliError(f"--target {spec}: subgraph {dpu.name!r} was compiled for {dpu.target.name}, not {t.name} "
@@ -300,9 +300,9 @@ def _check_target(dpu, spec) -> None:
 
 
 def cmd_check(a) -> int:
-    from runtime.dpu import DpuSubgraph, dpu_subgraphs
-    from runtime.layers import run_tracked
-    from runtime.progress import progress_bar
+    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from opendpu.runtime.layers import run_tracked
+    from opendpu.runtime.progress import progress_bar
     input_file(a.model, "model")
     _load_plugins(a.op_plugin)
     g = _load_graph(a.model)
@@ -349,8 +349,8 @@ def cmd_check(a) -> int:
 
 # ---- disasm / xmodel / targets -----------------------------------------------------------------------
 def cmd_disasm(a) -> int:
-    from runtime.disasm import disasm_subgraph
-    from runtime.dpu import dpu_subgraphs
+    from opendpu.runtime.disasm import disasm_subgraph
+    from opendpu.runtime.dpu import dpu_subgraphs
     g = _load_graph(a.model)
     sgs = dpu_subgraphs(g)
     if not sgs:
@@ -369,7 +369,7 @@ def cmd_disasm(a) -> int:
 
 
 def cmd_xmodel(a) -> int:
-    from runtime.dpu import DpuSubgraph
+    from opendpu.runtime.dpu import DpuSubgraph
     g = _load_graph(a.model)
     lines = [f"graph {g.name}: {len(g.ops)} ops, {len(g.root.children)} subgraphs"]
     for sg in g.toposort_child_subgraphs():      # everything is read first: a bad subgraph prints nothing
@@ -398,7 +398,7 @@ def cmd_xmodel(a) -> int:
 
 
 def cmd_targets(a) -> int:
-    from isa.target import PRESETS, Target
+    from opendpu.isa.target import PRESETS, Target
     ts = [Target.from_name(n) for n in PRESETS]
     if a.json:
         print(json.dumps([t.to_dict() for t in ts], indent=1))
@@ -428,8 +428,8 @@ def _write_announced(path: str, fn, what: str) -> None:
 
 
 def cmd_profile(a) -> int:
-    from isa.target import get_target
-    from runtime.profile import PLOT_FORMATS, profile_graph
+    from opendpu.isa.target import get_target
+    from opendpu.runtime.profile import PLOT_FORMATS, profile_graph
     input_file(a.model, "model")
     tm = timing_overrides(a.timing, a.clock_mhz)
     inputs = [a.model] + ([a.target] if a.target and os.path.isfile(a.target) else []) + list(a.op_plugin or [])
@@ -447,7 +447,7 @@ def cmd_profile(a) -> int:
     _load_plugins(a.op_plugin)
     g = _load_graph(a.model)
     tgt = get_target(a.target) if a.target else None
-    from runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
     for sg in dpu_subgraphs(g):
         dpu = DpuSubgraph(g, sg)
         if a.target:
@@ -483,10 +483,10 @@ _OPT = {"Perfetto trace": "trace", "JSON": "json", "CSV": "csv", "per-instructio
 
 
 def cmd_sweep(a) -> int:
-    from isa.target import get_target
-    from runtime.dpu import DpuSubgraph, dpu_subgraphs
-    from runtime.progress import progress_bar
-    from sim.sweep import SWEEP_COLUMNS, sweep
+    from opendpu.isa.target import get_target
+    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from opendpu.runtime.progress import progress_bar
+    from opendpu.sim.sweep import SWEEP_COLUMNS, sweep
     input_file(a.model, "model")
     if not a.param:
         raise CliError("give at least one --param NAME=V1,V2,... (a timing parameter, e.g. ddr_latency=40,80)")
@@ -543,9 +543,9 @@ def cmd_sweep(a) -> int:
 
 def cmd_cosim(a) -> int:
     """RTL vs cycle model on an xmodel's DPU subgraphs, or on random generated programs."""
-    from isa.target import get_target
-    from runtime.progress import progress_bar
-    from sim.cosim import check_target_matches, cosim_programs, dump_waves, subgraph_program
+    from opendpu.isa.target import get_target
+    from opendpu.runtime.progress import progress_bar
+    from opendpu.sim.cosim import check_target_matches, cosim_programs, dump_waves, subgraph_program
     if a.model and a.random:
         raise CliError(f"give either an xmodel ({a.model}) or --random N, not both")
     if not a.model and not a.random:
@@ -563,7 +563,7 @@ def cmd_cosim(a) -> int:
     if a.random:
         if not a.target:
             raise CliError("--random needs --target (a preset, fingerprint or arch.json)")
-        from sim.progen import random_program
+        from opendpu.sim.progen import random_program
         t = get_target(a.target)
         t = t.with_timing(**tm) if tm else t
         n = a.instructions if a.instructions is not None else 60
@@ -573,7 +573,7 @@ def cmd_cosim(a) -> int:
                              gp.reg_sizes, gp.reg_init))
         groups = [(t, programs)]
     else:
-        from runtime.dpu import DpuSubgraph, dpu_subgraphs
+        from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
         g = _load_graph(a.model)
         rng = np.random.default_rng(a.seed)
         groups = []
@@ -611,7 +611,7 @@ def cmd_cosim(a) -> int:
                 if a.waves:
                     os.makedirs(a.waves, exist_ok=True)
                     path = dump_waves(t, prog_, rep, a.waves, backend=a.rtl_sim)
-                    from compiler.outdir import record
+                    from opendpu.compiler.outdir import record
                     record(a.waves, [os.path.basename(path), os.path.basename(path)[:-4] + ".gtkw"])
                     print(f"wrote the waveform window to {path} (+ .gtkw)")
         print(f"{len(reps)} program(s) on {t.name or t.describe()}: {sum(r.ok for r in reps)} match; "
@@ -634,12 +634,12 @@ def _npz_or_npy(path: str, what: str):
 
 def _onnx_input_shape(path: str) -> list[int]:
     """[1, C, H, W] of an ONNX model's first input (batch fixed to 1), checked as the quantizer checks it."""
-    from quant.onnx_in import _static_input_shapes, load_onnx
+    from opendpu.quant.onnx_in import _static_input_shapes, load_onnx
     return _static_input_shapes(load_onnx(path), path)[0][1]
 
 
 def cmd_quantize(a) -> int:
-    from quant.quantize import QuantConfig, calib_arrays, quantize
+    from opendpu.quant.quantize import QuantConfig, calib_arrays, quantize
     input_file(a.model, "model")
     input_path(a.calib, "--calib")
     ins = [a.model, a.calib]
@@ -656,15 +656,15 @@ def cmd_quantize(a) -> int:
     x = calib_arrays(a.calib, shape, cfg.calib_limit)      # checked before any work; errors name the file
     ev_data = None
     if a.evaluate:                          # checked before calibration, so a bad evaluation set costs nothing
-        from quant.onnx_in import QuantError
-        from quant.quantize import eval_arrays
+        from opendpu.quant.onnx_in import QuantError
+        from opendpu.quant.quantize import eval_arrays
         ex, ey = _npz_or_npy(a.evaluate, "--evaluate")
         try:
             ev_data = eval_arrays(ex, shape, ey)
         except QuantError as e:
             raise CliError(f"--evaluate {a.evaluate}: {e}") from None
     t0 = time.perf_counter()
-    from runtime.progress import progress_bar
+    from opendpu.runtime.progress import progress_bar
     with progress_bar("calibration") as prog:
         res = quantize(a.model, x, target=a.target, config=cfg, quant_info=a.quant_info,
                        progress=(lambda i, n: prog(i, n, "batches")) if prog else None)
@@ -688,7 +688,7 @@ def cmd_quantize(a) -> int:
 
 
 def cmd_inspect(a) -> int:
-    from quant.inspect import format_inspect, inspect_model
+    from opendpu.quant.inspect import format_inspect, inspect_model
     input_file(a.model, "model")
     if a.image_format:
         raise CliError(f"--image-format {a.image_format}: graph images are not generated by opendpu (the text "
@@ -709,7 +709,7 @@ def cmd_inspect(a) -> int:
 
 
 def cmd_zoo(a) -> int:
-    from quant import zoo
+    from opendpu.quant import zoo
     names = a.names or list(zoo.NAMES)
     for n in names:
         if n not in zoo.NAMES:
@@ -940,15 +940,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from compiler.outdir import OutputError
-    from compiler.xir.graph import XModelError
-    from hw.params import HwError
-    from isa.program import IsaError
-    from isa.target import TargetError
-    from runtime.dpu import RuntimeErrorDPU
-    from runtime.ops import OpError
-    from sim.executor import ExecError
-    from sim.timing import DeadlockError, WatchdogError
+    from opendpu.compiler.outdir import OutputError
+    from opendpu.compiler.xir.graph import XModelError
+    from opendpu.hw.params import HwError
+    from opendpu.isa.program import IsaError
+    from opendpu.isa.target import TargetError
+    from opendpu.runtime.dpu import RuntimeErrorDPU
+    from opendpu.runtime.ops import OpError
+    from opendpu.sim.executor import ExecError
+    from opendpu.sim.timing import DeadlockError, WatchdogError
     try:
         args = build_parser().parse_args(argv)
     except _UsageError as e:
@@ -958,7 +958,7 @@ def main(argv: list[str] | None = None) -> int:
     errors = (CliError, OutputError, XModelError, IsaError, TargetError, RuntimeErrorDPU, OpError, ExecError,
               DeadlockError, WatchdogError, HwError)
     if args.cmd in ("quantize", "inspect", "zoo"):
-        from quant.onnx_in import QuantError
+        from opendpu.quant.onnx_in import QuantError
         errors = errors + (QuantError,)
     try:
         return int(args.fn(args) or 0)

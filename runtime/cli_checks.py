@@ -12,7 +12,7 @@ import zipfile
 
 import numpy as np
 
-from isa.target import TargetError, Timing
+from opendpu.isa.target import TargetError, Timing
 
 
 class CliError(Exception):

@@ -36,9 +36,9 @@ def main(argv=None) -> int:
     if not os.path.isfile(path):
         print(f"demo: {path} not found (the shared reference models must sit in ../shared/models)", file=sys.stderr)
         return 2
-    from compiler.xir.graph import Graph
-    from runtime.runner import GraphRunner
-    from sim import warm_kernels
+    from opendpu.compiler.xir.graph import Graph
+    from opendpu.runtime.runner import GraphRunner
+    from opendpu.sim import warm_kernels
     secs = warm_kernels(log=lambda s: print(s, flush=True))
     if secs:
         print(f"compiled simulator kernels in {secs:.1f} s (cached for next runs)")
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     st = next(iter(sim.runners.values())).stats
     print(f"cycle model: {st['cycles']} DPU cycles per inference = {st['latency_ms']:.3f} ms at "
           f"{st['clock_mhz']:g} MHz (timing parameters: docs/microarchitecture.md)\n")
-    from runtime.profile import profile_graph
+    from opendpu.runtime.profile import profile_graph
     print(profile_graph(g, model=os.path.basename(path)).table().split("\n\nNotes:")[0])
     ok_q = _quantize_demo()
     return 0 if same == a.n and ok_q else 1
@@ -78,10 +78,10 @@ def main(argv=None) -> int:
 
 def _quantize_demo() -> bool:
     """Quantize the trained digits CNN for B4096 and run its INT8 xmodel on the ref runner."""
-    from compiler.xir.graph import Graph
-    from quant import zoo
-    from quant.quantize import QuantConfig, quantize
-    from runtime.runner import GraphRunner
+    from opendpu.compiler.xir.graph import Graph
+    from opendpu.quant import zoo
+    from opendpu.quant.quantize import QuantConfig, quantize
+    from opendpu.runtime.runner import GraphRunner
     xtr, _, xte, yte = zoo.digits_data()
     print(f"\nquantizer: {os.path.basename(zoo.DIGITS_ONNX)} (trained on sklearn digits), 200 calibration images, "
           f"method diffs, target DPUCZDX8G_ISA1_B4096")

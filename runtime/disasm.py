@@ -8,18 +8,18 @@ CONVINIT, a deadlock), or whose mc_code does not decode, is listed without layer
 """
 from __future__ import annotations
 
-from compiler.xir.graph import Graph, Subgraph, XModelError
-from isa.program import disasm
-from isa.target import Target, TargetError
-from runtime.dpu import DpuSubgraph, RuntimeErrorDPU, _reg_map
+from opendpu.compiler.xir.graph import Graph, Subgraph, XModelError
+from opendpu.isa.program import disasm
+from opendpu.isa.target import Target, TargetError
+from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU, _reg_map
 
 
 def layer_names(dpu: DpuSubgraph) -> list[str | None] | None:
     """Layer (child subgraph) name of every instruction through the first END, or None when the program's
     schedule cannot be built or the subgraph has no layers."""
-    from runtime.profile import _attribute, _layers_of
-    from sim.executor import ExecError
-    from sim.timing import DeadlockError, WatchdogError, simulate
+    from opendpu.runtime.profile import _attribute, _layers_of
+    from opendpu.sim.executor import ExecError
+    from opendpu.sim.timing import DeadlockError, WatchdogError, simulate
     layers = _layers_of(dpu)
     if not layers:
         return None

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.xir.graph import Graph, Op, Subgraph, Tensor, XModelError
-from isa.check import Problem, ProgramCheckError, check_program
-from isa.program import IsaError, ProgramArrays, decode, to_arrays
-from isa.target import Target, TargetError
+from opendpu.compiler.xir.graph import Graph, Op, Subgraph, Tensor, XModelError
+from opendpu.isa.check import Problem, ProgramCheckError, check_program
+from opendpu.isa.program import IsaError, ProgramArrays, decode, to_arrays
+from opendpu.isa.target import Target, TargetError
 
 
 MAX_DDR_BYTES = 1 << 31       # all DDR registers of one subgraph; the largest shared model uses ~34 MB
@@ -261,7 +261,7 @@ class DpuSubgraph:
         return out
 
     def new_machine(self, seed: int = 0, init_fill: str = "random"):
-        from sim.executor import DpuMachine
+        from opendpu.sim.executor import DpuMachine
         m = DpuMachine(self.target, dict(self.reg_sizes), init_fill=init_fill, seed=seed)
         self.load_params(m)
         return m
@@ -282,7 +282,7 @@ class DpuSubgraph:
                 ) -> list[np.ndarray]:
         """Execute mc_code on the cycle model with functional execution (instructions run in the order the
         schedule starts them); the schedule is kept in `last_schedule`. Returns the output tensors."""
-        from sim.timing import simulate
+        from opendpu.sim.timing import simulate
         self.validate(target)
         inputs = self.check_inputs(inputs)
         m = machine or self.new_machine(seed)
@@ -299,9 +299,9 @@ class DpuSubgraph:
         simulator). `progress(done, total, what)` hears the build and the run. Returns (outputs,
         hw.harness.RtlResult)."""
         import os
-        from hw.harness import build, ddr_needed, run_jobs
-        from sim.cosim import through_end, rtl_job, subgraph_program
-        from sim.timing import simulate
+        from opendpu.hw.harness import build, ddr_needed, run_jobs
+        from opendpu.sim.cosim import through_end, rtl_job, subgraph_program
+        from opendpu.sim.timing import simulate
         t = target or self.target
         self.validate(t)
         instrs, sizes, init = subgraph_program(self, inputs)
@@ -321,7 +321,7 @@ class DpuSubgraph:
 
     def run_ref(self, inputs: list[np.ndarray], keep: bool = False) -> tuple[list[np.ndarray], dict]:
         """Evaluate the subgraph's ops on the XIR reference; returns (outputs, values by op name if keep)."""
-        from runtime.ops import evaluate_op
+        from opendpu.runtime.ops import evaluate_op
         inputs = self.check_inputs(inputs)
         vals: dict[str, np.ndarray] = {s.op_name: x for s, x in zip(self.inputs, inputs)}
         for n in self.op_names:

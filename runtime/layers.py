@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from isa.fields import FIELD_INDEX
-from isa.program import OP_INDEX
-from runtime.dpu import DpuSubgraph, TensorSpec, ddr_view, image_strides, tensor_spec
+from opendpu.isa.fields import FIELD_INDEX
+from opendpu.isa.program import OP_INDEX
+from opendpu.runtime.dpu import DpuSubgraph, TensorSpec, ddr_view, image_strides, tensor_spec
 
 _SAVE = OP_INDEX["SAVE"]
 _SF = FIELD_INDEX["SAVE"]

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from compiler.xir.graph import Graph, Op, XModelError
+from opendpu.compiler.xir.graph import Graph, Op, XModelError
 
 _REGISTRY: dict[str, Callable[[Op, list[np.ndarray]], np.ndarray]] = {}
 
@@ -60,7 +60,7 @@ _BUILTIN = {"upload": _identity, "download": _identity, "identity": _identity, "
 
 def evaluate_op(graph: Graph, op: Op, inputs: list[np.ndarray]) -> np.ndarray:
     """Value of `op`'s output tensor given its input values (in `op.input_ops()` order)."""
-    from compiler.ref import ops as ref
+    from opendpu.compiler.ref import ops as ref
     fn = _REGISTRY.get(op.type) or _BUILTIN.get(op.type)
     shape = tuple(int(d) for d in op.output.shape)
     if fn is not None:
@@ -110,7 +110,7 @@ def evaluate_op(graph: Graph, op: Op, inputs: list[np.ndarray]) -> np.ndarray:
 def unimplemented_ops(graph: Graph, op_names) -> list[tuple[str, str]]:
     """(op name, op type) of the ops in `op_names` that neither the reference nor a registered custom op can
     evaluate: checked before a run, so a missing custom op is reported before any work is done."""
-    from compiler.ref import ops as ref
+    from opendpu.compiler.ref import ops as ref
     return [(n, graph.ops[n].type) for n in op_names
             if graph.ops[n].type not in _REGISTRY and graph.ops[n].type not in _BUILTIN
             and graph.ops[n].type not in ref.SUPPORTED]

@@ -24,7 +24,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from sim.timing import ENGINES
+from opendpu.sim.timing import ENGINES
 
 ENGINE_COLORS = {"LOAD": "#1f77b4", "SAVE": "#ff7f0e", "CONV": "#2ca02c", "MISC": "#d62728"}
 BAND_SHADES = ("#c6d3e3", "#e9eef4")       # layer strip, even / odd layers

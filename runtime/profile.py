@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.xir.graph import Graph
-from isa.fields import FIELD_INDEX, OPS
-from isa.program import OP_INDEX
-from isa.target import Target
-from runtime.dpu import DpuSubgraph, RuntimeErrorDPU, dpu_subgraphs
-from sim.timing import ENGINES, Schedule, simulate
+from opendpu.compiler.xir.graph import Graph
+from opendpu.isa.fields import FIELD_INDEX, OPS
+from opendpu.isa.program import OP_INDEX
+from opendpu.isa.target import Target
+from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU, dpu_subgraphs
+from opendpu.sim.timing import ENGINES, Schedule, simulate
 
 PLOT_FORMATS = ("png", "svg", "pdf")    # figure formats of Profile.plot (the file suffix chooses)
 MB = float(1 << 20)        # vaitrace MB (LdWB of a 3x3x512x512 conv prints 2.250)
@@ -321,7 +321,7 @@ class Profile:
         """The profile figure (a matplotlib Figure on the Agg canvas, see runtime/plots.py): per DPU
         subgraph a layer strip, one Gantt lane per engine and a per-layer time chart coloured by each
         layer's bounding engine."""
-        from runtime.plots import build_figure
+        from opendpu.runtime.plots import build_figure
         return build_figure(self)
 
     def plot(self, path: str) -> None:
@@ -331,7 +331,7 @@ class Profile:
             raise ValueError(f"cannot write a figure to {os.fspath(path)}: unsupported suffix "
                              f"{'.' + fmt if fmt else '(none)'}; use one of "
                              f"{', '.join('.' + f for f in PLOT_FORMATS)}")
-        from runtime.plots import save_figure
+        from opendpu.runtime.plots import save_figure
         fig = self.figure()
         save_figure(fig, path, fmt)
 

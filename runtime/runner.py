@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.xir.graph import Graph, Subgraph
-from isa.target import Target, get_target
-from runtime.dpu import DpuSubgraph, RuntimeErrorDPU, TensorSpec, tensor_spec
-from runtime.ops import evaluate_op
+from opendpu.compiler.xir.graph import Graph, Subgraph
+from opendpu.isa.target import Target, get_target
+from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU, TensorSpec, tensor_spec
+from opendpu.runtime.ops import evaluate_op
 
 MODES = ("ref", "sim", "rtl")
 _job_ids = itertools.count(1)
@@ -135,7 +135,7 @@ class Runner:
             layer_vals = {n: v for n, v in vals.items()
                           if self.graph.ops[n].type not in ("const-fix", "const")}
             return out, layer_vals, None
-        from runtime.layers import run_tracked
+        from opendpu.runtime.layers import run_tracked
         if self._machine is None:
             self._machine = self.dpu.new_machine(self.seed)
         out, rep = run_tracked(self.dpu, self._machine, list(inputs), reference)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from isa.numba_cache import default_numba_cache_dir, set_numba_cache_dir  # noqa: E402,F401
+from opendpu.isa.numba_cache import default_numba_cache_dir, set_numba_cache_dir  # noqa: E402,F401
 
 set_numba_cache_dir()
 
@@ -45,8 +45,8 @@ def warm_kernels(log=None) -> float:
     when everything came from the cache or was already loaded in this process."""
     from numba.core import event
 
-    from isa.program import Instruction
-    from isa.target import get_target
+    from opendpu.isa.program import Instruction
+    from opendpu.isa.target import get_target
     from .timing import simulate
 
     compiled = []

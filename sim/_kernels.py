@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from isa.fields import FIELD_INDEX, MAX_FIELDS
-from isa.program import OP_INDEX
+from opendpu.isa.fields import FIELD_INDEX, MAX_FIELDS
+from opendpu.isa.program import OP_INDEX
 
 # ---- opcode indices -------------------------------------------------------------------------------
 OP_LOAD = OP_INDEX["LOAD"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from isa.fields import FIELD_INDEX, OPS
+from opendpu.isa.fields import FIELD_INDEX, OPS
 from . import _kernels as K
 
 ENGINE_OF_OP = np.array([o.engine for o in OPS], np.int64)

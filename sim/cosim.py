@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from isa.fields import ENGINE_NAMES, OPS
-from isa.program import encode, to_arrays
-from isa.target import Target, TargetError, get_target
+from opendpu.isa.fields import ENGINE_NAMES, OPS
+from opendpu.isa.program import encode, to_arrays
+from opendpu.isa.target import Target, TargetError, get_target
 
 from .executor import DpuMachine
 from .timing import simulate
@@ -148,7 +148,7 @@ def initial_machine(target, sizes, init) -> DpuMachine:
 def rtl_job(name, instrs, sizes, init, sched, max_cycles: int | None = None):
     """The hw.harness.Job of a program that ends with its first END; the cycle bound comes from its
     schedule (twice the cycle model's total plus slack), so a broken RTL cannot hang the run."""
-    from hw.harness import Job
+    from opendpu.hw.harness import Job
     bound = int(sched.total_cycles) * 2 + 10_000 if max_cycles is None else max_cycles
     return Job(encode(instrs), dict(sizes), {r: np.asarray(d, np.int8) for r, d in init.items()},
                ninstr=len(sched), max_cycles=bound, name=name, expect_cycles=int(sched.total_cycles))
@@ -174,7 +174,7 @@ def cosim_programs(target, programs, backend: str = "verilator", log=None, timeo
     stage: "cycle model" (per program), "build" (hw.harness.build), "rtl" (hw.harness.run_jobs: per job
     and per simulated cycles), "compare" (per program).
     """
-    from hw.harness import build, ddr_needed, run_jobs
+    from opendpu.hw.harness import build, ddr_needed, run_jobs
     t = get_target(target) if not isinstance(target, Target) else target
     prepared = []
     jobs = []
@@ -237,7 +237,7 @@ def dump_waves(target, program, rep: CosimReport, out_dir="waveforms", backend="
     """Re-run one program with VCD tracing around the first divergence; returns the VCD path.
     `progress` as in `cosim_programs` (stages "build" and "rtl"; the traced build is a separate one)."""
     from pathlib import Path
-    from hw.harness import build, ddr_needed, run_jobs
+    from opendpu.hw.harness import build, ddr_needed, run_jobs
     name, instrs, sizes, init = program
     instrs = through_end(instrs)
     first = rep.first

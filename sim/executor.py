@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from isa.fields import FIELDS, MAX_FIELDS, OPS
-from isa import check as _check
-from isa.check import location, problem_message
-from isa.program import ProgramArrays
-from isa.target import Target
+from opendpu.isa.fields import FIELDS, MAX_FIELDS, OPS
+from opendpu.isa import check as _check
+from opendpu.isa.check import location, problem_message
+from opendpu.isa.program import ProgramArrays
+from opendpu.isa.target import Target
 
 from . import _kernels as K
 

@@ -23,9 +23,9 @@ from functools import cached_property
 
 import numpy as np
 
-from isa.fields import BY_NAME, CONV_ENGINE, FIELDS, LOAD_ENGINE, MISC_ENGINE, SAVE_ENGINE
-from isa.program import Instruction, ProgramArrays, to_arrays
-from isa.target import Target
+from opendpu.isa.fields import BY_NAME, CONV_ENGINE, FIELDS, LOAD_ENGINE, MISC_ENGINE, SAVE_ENGINE
+from opendpu.isa.program import Instruction, ProgramArrays, to_arrays
+from opendpu.isa.target import Target
 
 from .executor import DpuMachine
 

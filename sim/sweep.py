@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 
-from isa.target import Target, Timing
+from opendpu.isa.target import Target, Timing
 
 from .timing import ENGINES, simulate
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from isa.fields import ENGINE_NAMES, OPS
-from isa.program import Instruction, OP_INDEX, ProgramArrays, to_arrays
-from isa.target import Target
+from opendpu.isa.fields import ENGINE_NAMES, OPS
+from opendpu.isa.program import Instruction, OP_INDEX, ProgramArrays, to_arrays
+from opendpu.isa.target import Target
 
 from . import _timing as T
 from .executor import DpuMachine, ExecError, _target_params, checked_arrays

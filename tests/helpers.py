@@ -1,6 +1,6 @@
 """Helpers shared by the test files: hand-built instructions and their packed words."""
-from isa.fields import FIELDS
-from isa.program import Instruction
+from opendpu.isa.fields import FIELDS
+from opendpu.isa.program import Instruction
 
 
 def ins(op: str, **kw) -> Instruction:

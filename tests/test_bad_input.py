@@ -31,11 +31,11 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from compiler.xir import xir_pb2 as pb
-from compiler.xir.graph import Graph, XModelError
-from isa.program import IsaError
-from runtime.cli import main as cli_main
-from runtime.dpu import DpuSubgraph, RuntimeErrorDPU, dpu_subgraphs
+from opendpu.compiler.xir import xir_pb2 as pb
+from opendpu.compiler.xir.graph import Graph, XModelError
+from opendpu.isa.program import IsaError
+from opendpu.runtime.cli import main as cli_main
+from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU, dpu_subgraphs
 from tests.conftest import MODELS, REPO
 
 MNIST_SRC = os.path.join(MODELS, "dpu_mnist_classifier.xmodel")
@@ -480,13 +480,13 @@ class ComputationStarted(BaseException):
 
 
 # heavy entry points: (module, attribute path); reaching one during a validation case fails the case
-COMPUTE = (("runtime.runner", "Runner._run"), ("runtime.runner", "Runner.run_layers"),
-           ("runtime.runner", "GraphRunner._run_flat"), ("runtime.dpu", "DpuSubgraph.run_sim"),
-           ("runtime.dpu", "DpuSubgraph.run_ref"), ("runtime.dpu", "DpuSubgraph.run_rtl"),
-           ("runtime.layers", "run_tracked"), ("runtime.profile", "profile_graph"), ("sim.sweep", "sweep"),
-           ("sim.cosim", "cosim_programs"), ("sim", "warm_kernels"), ("quant.quantize", "_calibrate"),
-           ("quant.quantize", "_weights"), ("quant.quantize", "QuantResult.evaluate"),
-           ("quant.inspect", "op_descs"), ("quant.zoo", "summary"), ("quant.zoo", "build"))
+COMPUTE = (("opendpu.runtime.runner", "Runner._run"), ("opendpu.runtime.runner", "Runner.run_layers"),
+           ("opendpu.runtime.runner", "GraphRunner._run_flat"), ("opendpu.runtime.dpu", "DpuSubgraph.run_sim"),
+           ("opendpu.runtime.dpu", "DpuSubgraph.run_ref"), ("opendpu.runtime.dpu", "DpuSubgraph.run_rtl"),
+           ("opendpu.runtime.layers", "run_tracked"), ("opendpu.runtime.profile", "profile_graph"), ("opendpu.sim.sweep", "sweep"),
+           ("opendpu.sim.cosim", "cosim_programs"), ("opendpu.sim", "warm_kernels"), ("opendpu.quant.quantize", "_calibrate"),
+           ("opendpu.quant.quantize", "_weights"), ("opendpu.quant.quantize", "QuantResult.evaluate"),
+           ("opendpu.quant.inspect", "op_descs"), ("opendpu.quant.zoo", "summary"), ("opendpu.quant.zoo", "build"))
 
 
 def _resolve(modname: str, attr: str):
@@ -500,7 +500,7 @@ def _resolve(modname: str, attr: str):
 
 
 def _install_sentinels(monkeypatch, entries=COMPUTE) -> None:
-    import runtime.cli as cli_mod
+    import opendpu.runtime.cli as cli_mod
     for modname, attr in entries:
         found = _resolve(modname, attr)
         if found is None:           # renamed: test_sentinel_targets_exist reports it, the other cases still run
@@ -1091,7 +1091,7 @@ def test_every_truncation_and_hostile_file_is_an_xmodel_error(ws):
 
 
 # ---- L. a program that reads past the end of its DDR register: the same refusal on every backend --------------------
-RTL_SENTINELS = (("hw.harness", "build"), ("hw.harness", "run_jobs"), ("sim.cosim", "cosim_programs"))
+RTL_SENTINELS = (("opendpu.hw.harness", "build"), ("opendpu.hw.harness", "run_jobs"), ("opendpu.sim.cosim", "cosim_programs"))
 OOB = {
     "run_rtl": ("run {oob} -i {x} --backend rtl", RTL_SENTINELS),
     "profile": ("profile {oob}", True),
@@ -1205,7 +1205,7 @@ PLUGINS = {
 
 @pytest.mark.parametrize("kind", list(PLUGINS))
 def test_misbehaving_custom_op(ws, kind, monkeypatch, capsys, tmp_path):
-    from runtime.ops import unregister_op
+    from opendpu.runtime.ops import unregister_op
     body, must = PLUGINS[kind]
     plug = tmp_path / f"plugin_{kind}.py"
     plug.write_text("from runtime import register_op\n" + body + "register_op('Mylayer', f)\n")

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from quant import calib as C
-from quant.calib import CalibError
+from opendpu.quant import calib as C
+from opendpu.quant.calib import CalibError
 
 TIES = [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5]
 

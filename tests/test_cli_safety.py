@@ -7,10 +7,10 @@ import stat
 import numpy as np
 import pytest
 
-from compiler.outdir import MARKER, DirOutput, OutputError
-from compiler.xir.graph import Graph, dump_stem
-from quant import zoo
-from runtime.cli import main as cli
+from opendpu.compiler.outdir import MARKER, DirOutput, OutputError
+from opendpu.compiler.xir.graph import Graph, dump_stem
+from opendpu.quant import zoo
+from opendpu.runtime.cli import main as cli
 from tests.conftest import model_path
 
 
@@ -177,7 +177,7 @@ def test_float_output_by_default_and_raw_with_fix_point(quantized, tmp_path, cap
 
 
 PLUGIN = """import numpy as np
-from runtime import register_op
+from opendpu.runtime import register_op
 
 
 def mylayer(op, ins):          # AMD's example custom op: a PReLU with a learned alpha
@@ -192,7 +192,7 @@ register_op("Mylayer", mylayer)
 def test_op_plugin_and_amd_model_float_and_raw_outputs(tmp_path, capsys):
     """tf2_custom_op needs its custom op: refused before any work without --op-plugin; with it, its output (an
     AMD graph ending in fix2float) is float by default and the int8 source with its fix point under --raw."""
-    from runtime import unregister_op
+    from opendpu.runtime import unregister_op
     m = model_path("tf2_custom_op")
     g = Graph.load(m)
     x = tmp_path / "x.npy"

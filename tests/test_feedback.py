@@ -12,15 +12,16 @@ import warnings
 import numpy as np
 import pytest
 
-from isa.program import to_arrays
-from isa.target import Target, get_target
-from sim.progen import random_program
+from opendpu.isa.program import to_arrays
+from opendpu.isa.target import Target, get_target
+from opendpu.sim.progen import random_program
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = Target.parametric(pp=2, cp=4, alu_pp=2, bank_depth=256)
 
 _WARM = """
-import json, sim
+import json
+from opendpu import sim
 msgs = []
 secs = sim.warm_kernels(log=msgs.append)
 print(json.dumps({"secs": secs, "log": msgs, "status": sim.kernels_status()}))
@@ -58,7 +59,7 @@ def test_warm_kernels_compiles_once_then_loads_from_cache(tmp_path):
 
 
 def test_numba_cache_dir_default_and_override(tmp_path):
-    code = ("import sim, json\nfrom numba.core import config\n"
+    code = ("from opendpu import sim\nimport json\nfrom numba.core import config\n"
             "print(json.dumps([config.CACHE_DIR, sim._kernels.run_range.stats.cache_path, "
             "sim.default_numba_cache_dir()]))")
     xdg = str(tmp_path / "xdg")
@@ -75,7 +76,7 @@ def test_numba_cache_dir_default_and_override(tmp_path):
 
 
 def test_warm_kernels_in_process_reports_no_compile_when_ready():
-    import sim
+    from opendpu import sim
     sim.warm_kernels()
     msgs = []
     assert sim.warm_kernels(log=msgs.append) == 0.0 and msgs == []
@@ -84,7 +85,7 @@ def test_warm_kernels_in_process_reports_no_compile_when_ready():
 
 
 def test_sweep_progress():
-    from sim.sweep import sweep
+    from opendpu.sim.sweep import sweep
     t = get_target("DPUCZDX8G_ISA1_B512")
     prog = to_arrays(random_program(t, 40, seed=3).instructions)
     axes = {"ddr_latency": [0, 60], "queue_depth": [1, 8]}
@@ -99,7 +100,7 @@ def test_sweep_progress():
 def test_run_jobs_progress_reports_jobs_and_cycles(tmp_path, monkeypatch):
     """The watcher reports the running job's cycle count from the bench's +progress file and each
     finished job (its .regs file), on the calling thread; a fake simulator plays the bench's part."""
-    from hw import harness
+    from opendpu.hw import harness
     b = harness.Build(harness.HwParams.of(SMALL), "verilator", tmp_path, 20)
     jobs = [harness.Job(b"", {0: 4096}, name="a", expect_cycles=300_000), harness.Job(b"", {0: 4096}, name="b")]
     seen = {"a": threading.Event(), "b": threading.Event()}
@@ -136,7 +137,7 @@ def test_run_jobs_progress_reports_jobs_and_cycles(tmp_path, monkeypatch):
 
 
 def test_run_jobs_progress_propagates_simulator_errors(tmp_path, monkeypatch):
-    from hw import harness
+    from opendpu.hw import harness
     b = harness.Build(harness.HwParams.of(SMALL), "verilator", tmp_path, 20)
 
     def broken(*a, **k):
@@ -152,8 +153,8 @@ def test_core_ports_leave_no_unused_elaboratable():
     import gc
     from amaranth.back import verilog
     from amaranth.hdl import Module, Signal
-    from hw.harness import core_ports
-    from hw.params import HwParams
+    from opendpu.hw.harness import core_ports
+    from opendpu.hw.params import HwParams
     m = Module()
     s = Signal()
     m.d.sync += s.eq(~s)
@@ -176,7 +177,7 @@ class _FakeClock:
 
 
 def test_plain_progress_lines():
-    from runtime.progress import PlainProgress
+    from opendpu.runtime.progress import PlainProgress
     clock = _FakeClock()
     out = io.StringIO()
     p = PlainProgress("cosim", out, interval=5.0, heartbeat=0, clock=clock)
@@ -201,7 +202,7 @@ def test_plain_progress_lines():
 
 
 def test_plain_progress_heartbeat():
-    from runtime.progress import PlainProgress
+    from opendpu.runtime.progress import PlainProgress
     clock = _FakeClock()
     out = io.StringIO()
     p = PlainProgress("build", out, interval=5.0, heartbeat=30.0, clock=clock)
@@ -219,7 +220,7 @@ def test_plain_progress_heartbeat():
 
 
 def test_progress_bar_modes():
-    from runtime.progress import PlainProgress, progress_bar
+    from opendpu.runtime.progress import PlainProgress, progress_bar
     with progress_bar("x", enabled=False) as cb:
         assert cb is None
     out = io.StringIO()                           # not a terminal: plain lines
@@ -248,7 +249,7 @@ def test_progress_bar_modes():
 def test_cosim_progress_stages():
     """cosim_programs reports its stages in order, each ending with done == total, and the results are
     the same as without a callback (the build is the one of tests/test_hw_core.py for SMALL)."""
-    from sim.cosim import cosim_programs
+    from opendpu.sim.cosim import cosim_programs
     progs = []
     for s in range(3):
         g = random_program(SMALL, 25, seed=s)
@@ -269,9 +270,9 @@ def test_cosim_progress_stages():
 def test_bench_progress_file(tmp_path):
     """The generated bench's +progress plusarg: the file holds the job index and the last multiple of
     +progress_every cycles the job ran (the SMALL build of the test above, cached)."""
-    from hw.harness import build, ddr_needed, run_jobs
-    from sim.cosim import rtl_job, through_end
-    from sim.timing import simulate
+    from opendpu.hw.harness import build, ddr_needed, run_jobs
+    from opendpu.sim.cosim import rtl_job, through_end
+    from opendpu.sim.timing import simulate
     g = random_program(SMALL, 25, seed=1)
     instrs = through_end(g.instructions)
     sched = simulate(to_arrays(instrs), SMALL)

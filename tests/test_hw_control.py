@@ -11,14 +11,14 @@ os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
 import numpy as np
 import pytest
 
-from isa.program import encode
-from isa.target import Target
-from sim.progen import random_program
-from sim.timing import simulate
+from opendpu.isa.program import encode
+from opendpu.isa.target import Target
+from opendpu.sim.progen import random_program
+from opendpu.sim.timing import simulate
 
-from hw.control import Control, n_ret_slots, n_end_slots
-from hw.params import HwParams
-from hw.simutil import run_sim
+from opendpu.hw.control import Control, n_ret_slots, n_end_slots
+from opendpu.hw.params import HwParams
+from opendpu.hw.simutil import run_sim
 
 
 def run_control(target, instrs):

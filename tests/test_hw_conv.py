@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from amaranth.hdl import Elaboratable, Module
 
-from isa.program import Instruction, to_arrays
-from isa.target import Target, get_target
-from sim.executor import DpuMachine
+from opendpu.isa.program import Instruction, to_arrays
+from opendpu.isa.target import Target, get_target
+from opendpu.sim.executor import DpuMachine
 
-from hw.banks import BankArray, connect_conv
-from hw.conv import ConvEngine
-from hw.params import HwParams
-from hw.simutil import run_sim
+from opendpu.hw.banks import BankArray, connect_conv
+from opendpu.hw.conv import ConvEngine
+from opendpu.hw.params import HwParams
+from opendpu.hw.simutil import run_sim
 
 from helpers import instr_value
 

@@ -14,9 +14,9 @@ os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
 import numpy as np
 import pytest
 
-from isa.target import PRESETS, Target, get_target
-from sim.cosim import cosim_programs, initial_machine
-from sim.progen import random_program
+from opendpu.isa.target import PRESETS, Target, get_target
+from opendpu.sim.cosim import cosim_programs, initial_machine
+from opendpu.sim.progen import random_program
 
 SMALL = Target.parametric(pp=2, cp=4, alu_pp=2, bank_depth=256)
 B512 = get_target("DPUCZDX8G_ISA1_B512")
@@ -60,10 +60,10 @@ def test_random_programs_other_timing():
 def test_mismatch_names_first_diverging_instruction():
     """A model with a different DDR latency than the RTL: the report names the first LOAD that ends later."""
     progs = _programs(SMALL, [7])
-    from hw.harness import build, ddr_needed, run_jobs
-    from isa.program import to_arrays
-    from sim.cosim import compare, rtl_job, through_end
-    from sim.timing import simulate
+    from opendpu.hw.harness import build, ddr_needed, run_jobs
+    from opendpu.isa.program import to_arrays
+    from opendpu.sim.cosim import compare, rtl_job, through_end
+    from opendpu.sim.timing import simulate
     name, instrs, sizes, init = progs[0]
     instrs = through_end(instrs)
     b = build(SMALL, ddr_bytes=ddr_needed(sizes))
@@ -98,9 +98,9 @@ def test_mismatch_names_first_diverging_instruction():
 
 def test_mnist_on_b4096_rtl(mnist_path):
     """The real MNIST xmodel: RTL output == sim == ref, total and every retire cycle == cycle model."""
-    from compiler.xir.graph import load as load_xmodel
-    from runtime.dpu import DpuSubgraph, dpu_subgraphs
-    from sim.cosim import subgraph_program
+    from opendpu.compiler.xir.graph import load as load_xmodel
+    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from opendpu.sim.cosim import subgraph_program
     g = load_xmodel(mnist_path)
     sgs = dpu_subgraphs(g)
     assert len(sgs) == 1
@@ -123,7 +123,7 @@ def test_mnist_on_b4096_rtl(mnist_path):
 
 def test_verilog_for_every_preset_and_lint(tmp_path):
     from concurrent.futures import ProcessPoolExecutor
-    from hw.harness import export_verilog, tool_env, verilator_root
+    from opendpu.hw.harness import export_verilog, tool_env, verilator_root
     with ProcessPoolExecutor(max_workers=2) as ex:
         texts = list(ex.map(export_verilog, PRESETS, [tmp_path / f"{n}.v" for n in PRESETS]))
     for name, v in zip(PRESETS, texts):
@@ -147,9 +147,9 @@ def test_cocotb_icarus_flow():
 def test_yolox_nano_b512_whole_on_rtl():
     """YOLOX-nano compiled for B512, every DPU subgraph on the B512 RTL: bit- and cycle-exact."""
     import time
-    from compiler.xir.graph import load as load_xmodel
-    from runtime.dpu import DpuSubgraph, dpu_subgraphs
-    from sim.cosim import subgraph_program
+    from opendpu.compiler.xir.graph import load as load_xmodel
+    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from opendpu.sim.cosim import subgraph_program
     from conftest import model_path
     g = load_xmodel(model_path("yolox_nano_b512"))
     rng = np.random.default_rng(11)
@@ -167,7 +167,7 @@ def test_yolox_nano_b512_whole_on_rtl():
 
 def test_cosim_cli_bad_input(mnist_path, capsys):
     """Bad requests give one clear line and exit code 2, before any build."""
-    from runtime.cli import main
+    from opendpu.runtime.cli import main
     assert main(["cosim", mnist_path, "--target", "DPUCZDX8G_ISA1_B512"]) == 2
     assert "compiled for DPUCZDX8G_ISA1_B4096" in capsys.readouterr().err
     assert main(["cosim", "--random", "3"]) == 2

@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 from amaranth.hdl import Elaboratable, Module
 
-from hw.banks import BankArray, connect_load, connect_save
-from hw.loadsave import LoadEngine, SaveUnit
-from hw.params import HwError, HwParams
-from hw.simutil import run_sim
+from opendpu.hw.banks import BankArray, connect_load, connect_save
+from opendpu.hw.loadsave import LoadEngine, SaveUnit
+from opendpu.hw.params import HwError, HwParams
+from opendpu.hw.simutil import run_sim
 
 from helpers import ins, instr_value
-from isa.program import Instruction, to_arrays
-from isa.target import Target
-from sim import DpuMachine, ExecError
-from sim.timing import simulate
+from opendpu.isa.program import Instruction, to_arrays
+from opendpu.isa.target import Target
+from opendpu.sim import DpuMachine, ExecError
+from opendpu.sim.timing import simulate
 
 
 # ---- reference costs (docs/microarchitecture.md §3, masking of spec §6.2) ----------------------------

@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 from amaranth.hdl import Elaboratable, Module
 
-from isa.program import Instruction, to_arrays
-from isa.target import Target, get_target
-from sim.executor import DpuMachine, ExecError
+from opendpu.isa.program import Instruction, to_arrays
+from opendpu.isa.target import Target, get_target
+from opendpu.sim.executor import DpuMachine, ExecError
 
-from hw.banks import BankArray, connect_misc
-from hw.misc import MiscEngine
-from hw.params import HwParams
-from hw.simutil import run_sim
+from opendpu.hw.banks import BankArray, connect_misc
+from opendpu.hw.misc import MiscEngine
+from opendpu.hw.params import HwParams
+from opendpu.hw.simutil import run_sim
 
 from helpers import ins, instr_value
 
@@ -452,7 +452,7 @@ def test_elew_reuses_descriptors():
 # ---- timing corners and other shapes ---------------------------------------------------------------
 def test_min_latency_and_long_init():
     """The smallest latencies hw/params.MIN_LATENCY allows (alu_latency, elew_latency) and init_cycles 3."""
-    from hw.params import MIN_LATENCY
+    from opendpu.hw.params import MIN_LATENCY
     t = small(alu_latency=MIN_LATENCY["alu_latency"], elew_latency=MIN_LATENCY["elew_latency"], init_cycles=3)
     rng = np.random.default_rng(12)
     prog = []

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from compiler.xir.graph import Graph
-from isa.fields import BY_NAME, FIELDS, OPS
-from isa.program import (IsaError, Instruction, decode, decode_lenient, disasm, encode, from_text, parse_line,
+from opendpu.compiler.xir.graph import Graph
+from opendpu.isa.fields import BY_NAME, FIELDS, OPS
+from opendpu.isa.program import (IsaError, Instruction, decode, decode_lenient, disasm, encode, from_text, parse_line,
                          to_text)
 from tests.conftest import MODEL_NAMES, model_path
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_rgba
 
-from compiler.xir.graph import Graph
-from runtime.cli import main
-from runtime.dpu import DpuSubgraph, dpu_subgraphs
-from runtime.plots import ENGINE_COLORS, short_layer_names
-from runtime.profile import COLUMNS, PLOT_FORMATS, TOTAL_SUFFIX, profile_graph
-from sim.timing import ENGINES, simulate
+from opendpu.compiler.xir.graph import Graph
+from opendpu.runtime.cli import main
+from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+from opendpu.runtime.plots import ENGINE_COLORS, short_layer_names
+from opendpu.runtime.profile import COLUMNS, PLOT_FORMATS, TOTAL_SUFFIX, profile_graph
+from opendpu.sim.timing import ENGINES, simulate
 
 from conftest import MODEL_NAMES, model_path
 
@@ -177,7 +177,7 @@ def test_timed_functional_equals_executor_on_every_model(name):
 
 
 def test_sweep_timing_parameters(mnist_path, tmp_path, capsys):
-    from sim.sweep import parse_axis, sweep
+    from opendpu.sim.sweep import parse_axis, sweep
     d = DpuSubgraph(Graph.load(mnist_path), dpu_subgraphs(Graph.load(mnist_path))[0])
     rows = sweep([d.arrays], d.target, {"ddr_latency": [0, 60], "clock_mhz": [300.0, 150.0]})
     assert [(r["ddr_latency"], r["clock_mhz"]) for r in rows] == [(0, 300.0), (0, 150.0), (60, 300.0), (60, 150.0)]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from isa.fields import BY_NAME
-from isa.program import ProgramArrays, decode, encode
-from isa.target import Target
-from sim.progen import BREAK_KINDS, GeneratedProgram, break_tokens, random_program
+from opendpu.isa.fields import BY_NAME
+from opendpu.isa.program import ProgramArrays, decode, encode
+from opendpu.isa.target import Target
+from opendpu.sim.progen import BREAK_KINDS, GeneratedProgram, break_tokens, random_program
 
 TARGETS = {
     "B512": Target.from_name("B512"),

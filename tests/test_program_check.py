@@ -12,19 +12,19 @@ import time
 import numpy as np
 import pytest
 
-from compiler.xir.graph import Graph
+from opendpu.compiler.xir.graph import Graph
 from helpers import ins
-from isa.check import (KIND_NAMES, MAX_TILE, E_ALU_1X1, E_ARGMAX_CH, E_ARGMAX_TARGET, E_DDR_READ,
+from opendpu.isa.check import (KIND_NAMES, MAX_TILE, E_ALU_1X1, E_ARGMAX_CH, E_ARGMAX_TARGET, E_DDR_READ,
                        E_DDR_WRITE, E_ELEW_ID, E_JUMP_BANK, E_KERNEL, E_LEGACY, E_NOINIT, E_PAD_END,
                        E_PAD_START, E_STRIDE, E_TOO_BIG, Problem, ProgramCheckError, check_program,
                        validate_program)
-from isa.fields import FIELD_INDEX, FIELDS, OPS
-from isa.program import (IsaError, OP_INDEX, ProgramArrays, decode, decode_lenient, disasm, encode, from_text,
+from opendpu.isa.fields import FIELD_INDEX, FIELDS, OPS
+from opendpu.isa.program import (IsaError, OP_INDEX, ProgramArrays, decode, decode_lenient, disasm, encode, from_text,
                          to_arrays, to_text)
-from isa.target import Target
-from runtime.dpu import DpuSubgraph, dpu_subgraphs
-from sim.executor import DpuMachine, ExecError
-from sim.progen import random_program
+from opendpu.isa.target import Target
+from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+from opendpu.sim.executor import DpuMachine, ExecError
+from opendpu.sim.progen import random_program
 from tests.conftest import MODEL_NAMES, model_path
 
 B512 = Target.from_name("B512")
@@ -363,7 +363,7 @@ def _split(line: str) -> tuple[int, str, list[str]]:
 
 
 def test_disasm_mnist_has_indices_and_layer_names():
-    from runtime.disasm import disasm_subgraph
+    from opendpu.runtime.disasm import disasm_subgraph
     g = Graph.load(model_path("dpu_mnist_classifier"))
     sg = dpu_subgraphs(g)[0]
     text = disasm_subgraph(g, sg)
@@ -385,7 +385,7 @@ def test_disasm_mnist_has_indices_and_layer_names():
 
 
 def test_disasm_annotates_static_check_findings():
-    from runtime.disasm import disasm_subgraph
+    from opendpu.runtime.disasm import disasm_subgraph
     g, sg, dpu = _mnist_with(_load_past_end)
     bad = dpu.check()[0]
     lines = disasm_subgraph(g, sg).splitlines()
@@ -402,7 +402,7 @@ def test_disasm_annotates_static_check_findings():
 
 
 def test_disasm_goes_on_after_a_corrupted_word():
-    from runtime.disasm import disasm_subgraph
+    from opendpu.runtime.disasm import disasm_subgraph
     g = Graph.load(model_path("dpu_mnist_classifier"))
     sg = dpu_subgraphs(g)[0]
     good = decode(bytes(sg.attrs["mc_code"]))
@@ -448,7 +448,7 @@ def test_decode_lenient_equals_decode_on_valid_streams():
 
 def test_isa_check_imports_only_isa_and_numpy():
     import ast
-    import isa.check as mod
+    import opendpu.isa.check as mod
     tree = ast.parse(open(mod.__file__).read())
     mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

@@ -10,12 +10,12 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from compiler.xir.graph import Graph
-from quant.emit import emit_onnx, session
-from quant.onnx_in import QuantError
-from quant.quantize import QuantConfig, quantize
-from runtime.cli import main as cli
-from runtime.runner import GraphRunner
+from opendpu.compiler.xir.graph import Graph
+from opendpu.quant.emit import emit_onnx, session
+from opendpu.quant.onnx_in import QuantError
+from opendpu.quant.quantize import QuantConfig, quantize
+from opendpu.runtime.cli import main as cli
+from opendpu.runtime.runner import GraphRunner
 
 
 def _model(nodes, inits, in_shape, out_names, name="m"):

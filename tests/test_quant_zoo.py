@@ -4,12 +4,12 @@ import numpy as np
 import onnx
 import pytest
 
-from compiler.xir.graph import Graph
-from quant import zoo
-from quant.emit import session
-from quant.quantize import QuantConfig, quantize
-from runtime.cli import main as cli
-from runtime.runner import GraphRunner
+from opendpu.compiler.xir.graph import Graph
+from opendpu.quant import zoo
+from opendpu.quant.emit import session
+from opendpu.quant.quantize import QuantConfig, quantize
+from opendpu.runtime.cli import main as cli
+from opendpu.runtime.runner import GraphRunner
 
 TARGETS = ("DPUCZDX8G_ISA1_B4096", "DPUCZDX8G_ISA1_B512")
 

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compiler.ref import SUPPORTED, RefError, evaluate  # noqa: E402
+from opendpu.compiler.ref import SUPPORTED, RefError, evaluate  # noqa: E402
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -147,7 +147,7 @@ def test_grouped_conv2d_matches_onnx():
 def test_depthwise_chunked_rows_agree(monkeypatch):
     """Tiny chunks (one output row at a time) give the same depthwise result as one chunk (the float conv
     shares the integer conv's row chunking in compiler/ref/ops.py)."""
-    from compiler.ref import float_ops
+    from opendpu.compiler.ref import float_ops
     rng = np.random.default_rng(2)
     x = rand(rng, (2, 12, 10, 4))
     dw = rand(rng, (1, 3, 3, 4))

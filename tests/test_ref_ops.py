@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compiler.ref import SUPPORTED, RefError, avg_pool_factor, dpu_round, evaluate  # noqa: E402
+from opendpu.compiler.ref import SUPPORTED, RefError, avg_pool_factor, dpu_round, evaluate  # noqa: E402
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -687,7 +687,7 @@ def _tensor_fix(t):
     "dpu_mnist_classifier", "tf2_custom_op", "yolox_nano_b512",
     pytest.param("pointpillars_custom_op", marks=pytest.mark.slow)])
 def test_real_model_ops_evaluate(name):
-    from compiler.xir import xir_pb2
+    from opendpu.compiler.xir import xir_pb2
     from tests.conftest import model_path
     g = xir_pb2.Graph()
     with open(model_path(name), "rb") as f:

@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from compiler import rules
-from compiler.rules import OpDesc, Placement, format_report, fusable_nonlinear, inspect_table, limits, place
-from isa.target import Target, get_target
+from opendpu.compiler import rules
+from opendpu.compiler.rules import OpDesc, Placement, format_report, fusable_nonlinear, inspect_table, limits, place
+from opendpu.isa.target import Target, get_target
 
 B512 = get_target("DPUCZDX8G_ISA1_B512")
 B4096 = get_target("DPUCZDX8G_ISA1_B4096")

@@ -7,14 +7,14 @@ import sys
 import numpy as np
 import pytest
 
-from compiler.xir.graph import Graph
-from isa.program import decode, encode, from_text
-from runtime import GraphRunner, create_runner, register_op, unregister_op
-from runtime.cli import main as cli
-from runtime.demo import digits_as_mnist
-from runtime.dpu import DpuSubgraph, RuntimeErrorDPU, dpu_subgraphs
-from runtime.layers import run_tracked
-from runtime.ops import OpError
+from opendpu.compiler.xir.graph import Graph
+from opendpu.isa.program import decode, encode, from_text
+from opendpu.runtime import GraphRunner, create_runner, register_op, unregister_op
+from opendpu.runtime.cli import main as cli
+from opendpu.runtime.demo import digits_as_mnist
+from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU, dpu_subgraphs
+from opendpu.runtime.layers import run_tracked
+from opendpu.runtime.ops import OpError
 from tests.conftest import MODEL_NAMES, model_path
 
 

@@ -8,11 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from isa.program import OP_INDEX, Instruction, decode_arrays, to_arrays
-from isa.target import Target
+from opendpu.isa.program import OP_INDEX, Instruction, decode_arrays, to_arrays
+from opendpu.isa.target import Target
 
 from helpers import ins
-from sim import DpuMachine, ExecError
+from opendpu.sim import DpuMachine, ExecError
 
 MODELS = os.environ.get("OPENDPU_MODELS",
                         os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models"))

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from isa.target import PRESETS, Target, TargetError, get_target
+from opendpu.isa.target import PRESETS, Target, TargetError, get_target
 
 SPEC_33 = {  # name: (PP, CP, ALU_PP, fingerprint) from spec §3.3
     "DPUCZDX8G_ISA1_B512": (4, 8, 2, 0x0101000056010200),

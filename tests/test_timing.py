@@ -4,11 +4,11 @@ the shared models."""
 import numpy as np
 import pytest
 
-from isa.fields import FIELDS
-from isa.program import Instruction, to_arrays
-from isa.target import Target, TargetError
-from sim.executor import DpuMachine, ExecError
-from sim.timing import DeadlockError, WatchdogError, simulate
+from opendpu.isa.fields import FIELDS
+from opendpu.isa.program import Instruction, to_arrays
+from opendpu.isa.target import Target, TargetError
+from opendpu.sim.executor import DpuMachine, ExecError
+from opendpu.sim.timing import DeadlockError, WatchdogError, simulate
 
 L, S, C, M = 1, 2, 4, 8          # dpdon/dpdby bits: LOAD, SAVE, CONV, MISC
 
@@ -290,8 +290,8 @@ def test_timing_parameters_validated():
 
 # ---- shared models ------------------------------------------------------------------------------------
 def _dpu(path, k=0):
-    from compiler.xir.graph import Graph
-    from runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from opendpu.compiler.xir.graph import Graph
+    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
     g = Graph.load(path)
     return DpuSubgraph(g, dpu_subgraphs(g)[k])
 
@@ -332,8 +332,8 @@ def test_timed_order_execution_matches_program_order(mnist_path):
     assert (np.diff(order) < 0).sum() > 0                    # some instructions really run out of order
     assert np.array_equal(m.ddr(3), ref.ddr(3)) and np.array_equal(m.banks, ref.banks)
     a = d.arrays
-    from isa.program import ProgramArrays
-    from sim._timing import ENGINE_OF_OP
+    from opendpu.isa.program import ProgramArrays
+    from opendpu.sim._timing import ENGINE_OF_OP
     ownbit = (1 << ENGINE_OF_OP[a.op]).astype(np.int32)
     cleared = ProgramArrays(a.op, a.dpdon & ownbit, a.dpdby & ownbit, a.fields)
     m2 = _fresh(d, x)
@@ -344,8 +344,8 @@ def test_timed_order_execution_matches_program_order(mnist_path):
 def test_timed_order_error_names_original_instruction(mnist_path):
     d = _dpu(mnist_path)
     a = d.arrays
-    from isa.fields import FIELD_INDEX
-    from isa.program import OP_INDEX, ProgramArrays
+    from opendpu.isa.fields import FIELD_INDEX
+    from opendpu.isa.program import OP_INDEX, ProgramArrays
     f = a.fields.copy()
     k = int(np.nonzero(a.op == OP_INDEX["SAVE"])[0][0])
     f[k, FIELD_INDEX["SAVE"]["ddr_addr"]] = 10_000_000
@@ -355,7 +355,7 @@ def test_timed_order_error_names_original_instruction(mnist_path):
 
 
 def test_malformed_program_arrays_are_rejected():
-    from isa.program import ProgramArrays
+    from opendpu.isa.program import ProgramArrays
     a = to_arrays([mk("CONVINIT"), END()])
     with pytest.raises(ValueError, match=r"fields \[N, 22\]"):
         simulate(ProgramArrays(a.op, a.dpdon, a.dpdby, a.fields[:, :5]), T16)

@@ -3,9 +3,9 @@ patterns reported as deadlocks, timed-order execution equal to program order."""
 import numpy as np
 import pytest
 
-from isa.target import Target
-from sim.progen import break_tokens, random_program
-from sim.timing import DeadlockError, simulate
+from opendpu.isa.target import Target
+from opendpu.sim.progen import break_tokens, random_program
+from opendpu.sim.timing import DeadlockError, simulate
 
 TARGETS = [Target.from_name("B4096"), Target.from_name("B512"), Target.from_name("B1024"),
            Target.parametric(4, 8, 2, bank_depth=512)]

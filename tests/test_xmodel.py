@@ -2,9 +2,9 @@
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from compiler.xir import xir_pb2 as pb
-from compiler.xir.graph import Attrs, Graph, Subgraph, Tensor, XModelError
-from runtime.dpu import DpuSubgraph, RuntimeErrorDPU
+from opendpu.compiler.xir import xir_pb2 as pb
+from opendpu.compiler.xir.graph import Attrs, Graph, Subgraph, Tensor, XModelError
+from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU
 from tests.conftest import MODEL_NAMES, model_path
 
 

@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from quant import zoo
+from opendpu.quant import zoo
 
 CLASSIFIERS = tuple(n for n in zoo.NAMES if n != "tiny_yolo")
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.ref.ops import (
+from opendpu.compiler.ref.ops import (
     RefError,  # noqa: F401  (re-exported for callers of this module)
     _Ctx,
     _conv_acc_chunks,

@@ -1017,6 +1017,6 @@ def _op_leaky_relu(ctx: _Ctx) -> np.ndarray:
 
 
 # float (CPU) ops live in float_ops.py; importing it registers their handlers
-from compiler.ref import float_ops as _float_ops  # noqa: E402,F401
+from opendpu.compiler.ref import float_ops as _float_ops  # noqa: E402,F401
 
 SUPPORTED: frozenset[str] = frozenset(_HANDLERS)

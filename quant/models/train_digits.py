@@ -1,5 +1,5 @@
 """Train the small load_digits CNN used as the quantizer's accuracy benchmark and export it as float ONNX (opset 17)
-with Conv and BatchNormalization kept as separate nodes. Run: python -m quant.models.train_digits [--out PATH]."""
+with Conv and BatchNormalization kept as separate nodes. Run: python -m opendpu.quant.models.train_digits [--out PATH]."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import onnx
 import torch
 from torch import nn
 
-from quant import zoo
+from opendpu.quant import zoo
 
 SEED = 0
 EPOCHS = 40
