@@ -2,142 +2,63 @@
 
 `DpuSubgraph` gathers what running one DPU subgraph needs: its target (from `dpu_fingerprint`), register
 sizes and context types, CONST parameter blobs, the decoded program, and the DDR images of its interface
-tensors. It executes either on the instruction executor (`run_sim`), on the RTL (`run_rtl`) or on the XIR reference
-(`run_ref`). `validate` is the static program check (isa/check.py) that `run_sim` and `run_rtl` apply first,
-so every backend rejects a bad program with the executor's message.
+tensors, all read through compiler/xir/dpu_abi.py (the ABI the compiler writes; errors become RuntimeErrorDPU
+with the same messages). It executes either on the instruction executor (`run_sim`), on the RTL (`run_rtl`) or
+on the XIR reference (`run_ref`). `validate` is the static program check (isa/check.py) that `run_sim` and
+`run_rtl` apply first, so every backend rejects a bad program with the executor's message.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import contextmanager
 
 import numpy as np
 
-from opendpu.compiler.xir.graph import Graph, Op, Subgraph, Tensor, XModelError
+from opendpu.compiler.xir import dpu_abi as abi
+from opendpu.compiler.xir.dpu_abi import MAX_DDR_BYTES, TensorSpec, image_strides, tensor_spec
+from opendpu.compiler.xir.graph import Graph, Op, Subgraph, XModelError
 from opendpu.isa.check import Problem, ProgramCheckError, check_program
 from opendpu.isa.program import IsaError, ProgramArrays, decode, to_arrays
-from opendpu.isa.target import Target, TargetError
-
-
-MAX_DDR_BYTES = 1 << 31       # all DDR registers of one subgraph; the largest shared model uses ~34 MB
+from opendpu.isa.target import Target
 
 
 class RuntimeErrorDPU(RuntimeError):
     """A subgraph or tensor the runtime cannot use; the message names it."""
 
 
-@dataclass
-class TensorSpec:
-    """A runner-visible tensor: VART's xir.Tensor subset plus where its bytes live in DPU DDR."""
-
-    name: str
-    dims: tuple[int, ...]
-    dtype: str                 # "xint8" or "float32"
-    fix_point: int | None
-    reg_id: int | None = None
-    ddr_addr: int | None = None
-    stride: tuple[int, ...] | None = None   # element strides, outermost first
-    op_name: str = ""          # producer op of the tensor in the graph
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.dims
-
-    @property
-    def ndim(self) -> int:
-        return len(self.dims)
-
-    def get_attr(self, name: str):
-        if name == "fix_point":
-            return self.fix_point
-        raise KeyError(f"tensor {self.name!r} has no attribute {name!r}")
-
-    @property
-    def np_dtype(self):
-        return np.int8 if self.dtype == "xint8" else np.float32
-
-    def __repr__(self) -> str:
-        return f"Tensor({self.name!r}, shape={list(self.dims)}, {self.dtype}, fix_point={self.fix_point})"
-
-
-def tensor_spec(t: Tensor, op_name: str) -> TensorSpec:
-    dt = "xint8" if t.is_fixed else "float32"
-    stride = t.attrs.get("stride")
-    return TensorSpec(t.name, tuple(int(d) for d in t.shape), dt, t.fix_point, t.attrs.get("reg_id"),
-                      t.attrs.get("ddr_addr"), tuple(stride) if stride else None, op_name)
-
-
-def image_strides(spec: TensorSpec) -> tuple[int, ...]:
-    """Element strides of a tensor's DDR image: its `stride` attribute, else dense row-major (NHWC)."""
-    if spec.stride is not None:
-        return tuple(int(s) for s in spec.stride)
-    out, acc = [], 1
-    for d in reversed(spec.dims):
-        out.insert(0, acc)
-        acc *= d
-    return tuple(out)
+@contextmanager
+def _abi_errors():
+    """Report the ABI reader's complaints about a subgraph as RuntimeErrorDPU, with the same message."""
+    try:
+        yield
+    except abi.DpuAbiError as e:
+        raise RuntimeErrorDPU(str(e)) from None
 
 
 def ddr_view(buf: np.ndarray, spec: TensorSpec, what: str) -> np.ndarray:
     """Strided int8 view of a tensor's DDR image inside its register array (spec §8.3)."""
-    dims = spec.dims
-    stride = image_strides(spec)
-    if len(stride) != len(dims):
-        raise RuntimeErrorDPU(f"{what} tensor {spec.name!r}: stride {list(stride)} does not match shape "
-                              f"{list(dims)}")
-    addr = int(spec.ddr_addr or 0)
-    last = addr + sum((d - 1) * s for d, s in zip(dims, stride)) if all(d > 0 for d in dims) else addr - 1
-    if addr < 0 or last >= buf.size:
-        raise RuntimeErrorDPU(f"{what} tensor {spec.name!r}: DDR image [{addr}, {last}] lies outside "
-                              f"REG_{spec.reg_id} of {buf.size} bytes")
-    return np.lib.stride_tricks.as_strided(buf[addr:], shape=dims, strides=tuple(int(s) for s in stride),
-                                           writeable=True)
+    with _abi_errors():
+        addr, stride = abi.image_extent(spec, buf.size, what)
+    return np.lib.stride_tricks.as_strided(buf[addr:], shape=spec.dims, strides=stride, writeable=True)
 
 
 def _reg_map(sg: Subgraph, key: str) -> dict[int, object]:
-    m = sg.attrs.get(key) or {}
-    out = {}
-    for k, v in m.items():
-        if not k.startswith("REG_") or not k[4:].isdigit():
-            raise RuntimeErrorDPU(f"subgraph {sg.name!r}: {key} has a bad register key {k!r}")
-        out[int(k[4:])] = v
-    return out
+    """A `reg_id_to_*` map keyed by register id (compiler.xir.dpu_abi.read_reg_map, runtime errors)."""
+    with _abi_errors():
+        return abi.read_reg_map(sg, key)
 
 
 class DpuSubgraph:
     """Everything needed to execute one DPU subgraph of a graph."""
 
     def __init__(self, graph: Graph, sg: Subgraph):
-        if sg.device != "DPU":
-            raise RuntimeErrorDPU(f"subgraph {sg.name!r} has device {sg.device!r}, not DPU")
+        with _abi_errors():
+            spec = abi.read_dpu_subgraph(sg)
         self.graph, self.sg, self.name = graph, sg, sg.name
-        fp = sg.attrs.get("dpu_fingerprint")
-        if fp is None:
-            raise RuntimeErrorDPU(f"subgraph {sg.name!r} carries no dpu_fingerprint (VART_GRAPH_FINGERPRINT_ERROR)")
-        try:
-            self.target = Target.from_fingerprint(int(fp))
-        except TargetError as e:
-            raise RuntimeErrorDPU(f"subgraph {sg.name!r}: {e}") from None
-        self.fingerprint = int(fp)
-        self.reg_sizes: dict[int, int] = {k: int(v) for k, v in _reg_map(sg, "reg_id_to_size").items()}
-        total = sum(self.reg_sizes.values())
-        if total > MAX_DDR_BYTES:
-            big = max(self.reg_sizes, key=self.reg_sizes.get)
-            raise RuntimeErrorDPU(f"subgraph {sg.name!r}: its DDR registers total {total} bytes (REG_{big}: "
-                                  f"{self.reg_sizes[big]} B), beyond the emulator's {MAX_DDR_BYTES} bytes; a "
-                                  f"compiled model needs far less (reg_id_to_size is damaged?)")
-        ctx = _reg_map(sg, "reg_id_to_context_type_v2") or _reg_map(sg, "reg_id_to_context_type")
-        self.reg_context: dict[int, str] = {k: str(v) for k, v in ctx.items()}
-        self.params: dict[int, bytes] = {k: bytes(v) for k, v in _reg_map(sg, "reg_id_to_parameter_value").items()}
-        for r, blob in self.params.items():
-            if r not in self.reg_sizes:
-                raise RuntimeErrorDPU(f"subgraph {sg.name!r}: parameter blob for REG_{r} has no reg_id_to_size entry")
-            if len(blob) > self.reg_sizes[r]:
-                raise RuntimeErrorDPU(f"subgraph {sg.name!r}: parameter blob REG_{r} ({len(blob)} B) exceeds "
-                                      f"its size {self.reg_sizes[r]} B")
-        mc = sg.attrs.get("mc_code")
-        if not mc:
-            raise RuntimeErrorDPU(f"subgraph {sg.name!r} has no mc_code")
-        self.mc_code: bytes = bytes(mc)
+        self.target, self.fingerprint = spec.target, spec.fingerprint
+        self.reg_sizes: dict[int, int] = spec.registers.sizes
+        self.reg_context: dict[int, str] = spec.registers.context
+        self.params: dict[int, bytes] = spec.registers.params
+        self.mc_code: bytes = spec.mc_code
         try:
             self.instructions = decode(self.mc_code)
         except IsaError as e:
@@ -146,57 +67,17 @@ class DpuSubgraph:
         self._problems: dict[Target, list[Problem]] = {}
         self.last_schedule = None
         self.op_names = graph.toposort(sg.all_ops())
-        self._opset = set(self.op_names)
         self.inputs = self._interface_inputs()
         self.outputs = self._interface_outputs()
 
     # ---- interface tensors (spec §8.3) -------------------------------------------------------
     def _interface_inputs(self) -> list[TensorSpec]:
-        out = []
-        seen = set()
-        for n in self.op_names:
-            for p in self.graph.ops[n].input_ops():
-                if p in self._opset or p in seen:
-                    continue
-                seen.add(p)
-                outside = self.graph.ops[p]
-                ups = [c for c in self.graph.consumers(p) if c in self._opset]
-                ups = [c for c in ups if self.graph.ops[c].type == "upload"] or ups
-                if len(ups) != 1 or self.graph.ops[ups[0]].type != "upload":
-                    raise RuntimeErrorDPU(f"subgraph {self.name!r}: input {p!r} is not read through one upload op")
-                img = tensor_spec(self.graph.ops[ups[0]].output, ups[0])
-                if img.reg_id is None:
-                    raise RuntimeErrorDPU(f"subgraph {self.name!r}: input {p!r} has no DDR image (reg_id on the "
-                                          f"upload {ups[0]!r})")
-                spec = tensor_spec(outside.output, p)
-                spec.reg_id, spec.ddr_addr, spec.stride = img.reg_id, img.ddr_addr, img.stride
-                if spec.fix_point is None:
-                    spec.fix_point = img.fix_point
-                out.append(spec)
-        return out
+        with _abi_errors():
+            return abi.read_inputs(self.graph, self.sg, self.op_names)
 
     def _interface_outputs(self) -> list[TensorSpec]:
-        out = []
-        for n in self.op_names:
-            op = self.graph.ops[n]
-            consumers = self.graph.consumers(n)
-            if consumers and all(c in self._opset for c in consumers):
-                continue
-            if op.type == "download":
-                src = op.input_ops()
-                if len(src) != 1:
-                    raise RuntimeErrorDPU(f"subgraph {self.name!r}: download {n!r} has {len(src)} inputs")
-                img = tensor_spec(self.graph.ops[src[0]].output, src[0])
-            else:
-                img = tensor_spec(op.output, n)
-            spec = tensor_spec(op.output, n)
-            spec.reg_id, spec.ddr_addr, spec.stride = img.reg_id, img.ddr_addr, img.stride
-            if spec.fix_point is None:
-                spec.fix_point = img.fix_point
-            if spec.reg_id is None:
-                raise RuntimeErrorDPU(f"subgraph {self.name!r}: output {spec.name!r} has no DDR image (reg_id)")
-            out.append(spec)
-        return out
+        with _abi_errors():
+            return abi.read_outputs(self.graph, self.sg, self.op_names)
 
     @property
     def arrays(self) -> ProgramArrays:
@@ -339,4 +220,4 @@ def dpu_subgraphs(graph: Graph) -> list[Subgraph]:
 
 
 __all__ = ["DpuSubgraph", "TensorSpec", "RuntimeErrorDPU", "ProgramCheckError", "ddr_view", "dpu_subgraphs",
-           "tensor_spec", "XModelError"]
+           "tensor_spec", "image_strides", "MAX_DDR_BYTES", "XModelError"]
