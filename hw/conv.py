@@ -30,6 +30,8 @@ input slot crosses a bank-group boundary) plus that offset.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -55,15 +57,13 @@ class ConvEngine(wiring.Component):
             "bias_rd": Out(iface.line_read(p)),
         })
 
+    def _A(self, v):
+        """An address value reduced modulo DEPTH (low addr_bits bits)."""
+        ab = self.p.addr_bits
+        return v[:ab] if len(v) > ab else v
+
     def elaborate(self, platform):
-        p = self.p
         m = Module()
-        pp, cp, ab = p.pp, p.cp, p.addr_bits
-
-        def A(v):
-            """An address value reduced modulo DEPTH (low addr_bits bits)."""
-            return v[:ab] if len(v) > ab else v
-
         words = self.ctl.instr
         opcode = decode.header(words)["opcode"]
         fi = decode.fields("CONVINIT", words)
@@ -71,7 +71,23 @@ class ConvEngine(wiring.Component):
         start_init = self.ctl.start & (opcode == decode.opcode("CONVINIT"))
         start_conv = self.ctl.start & (opcode == decode.opcode("CONV"))
 
-        # ================= CONVINIT state (latched at CONVINIT start) =================
+        ci = self._convinit_state(m, fi, start_init)
+        cv = self._conv_registers(m, fc, start_conv, ci)
+        st = self._issue(m, ci, cv)
+        bias = self._bias(m, ci, cv)
+        mac = self._mac(m, st)
+        y = self._post(m, ci, mac, bias)
+        wcol = self._write(m, ci, cv, y)
+        self._start_end(m, fc, start_init, start_conv, ci, st, bias, wcol)
+        return m
+
+    # ================= CONVINIT state (latched at CONVINIT start) =================
+    def _convinit_state(self, m, fi, start_init):
+        """The CONVINIT fields and per-layer products (output arithmetic constants, strides, output
+        placement per row), latched when a CONVINIT starts."""
+        p = self.p
+        pp, ab = p.pp, p.addr_bits
+        A = self._A
         jr = Signal(ab)          # jump_read          (mod DEPTH)
         jre = Signal(ab)         # jump_read_endl
         jw = Signal(ab)          # jump_write
@@ -148,8 +164,18 @@ class ConvEngine(wiring.Component):
             qa, ra = Array(quo), Array(rem)
             for h in range(pp):
                 m.d.sync += [osq[h].eq(qa[soo_f + h]), ormoff[h].eq(A(ra[soo_f + h] * jwe_f))]
+        return SimpleNamespace(
+            jr=jr, jre=jre, jw=jw, sb=sb, kk_n=kk_n, kk_l=kk_l, rf_n=rf_n, rf_l=rf_l, th_n=th_n, tl_n=tl_n,
+            tl_l=tl_l, nb_n=nb_n, nb_l=nb_l, hi8=hi8, lo8=lo8, act_leaky=act_leaky, vpp=vpp, kh=kh, kw=kw,
+            sh=sh, sw=sw, soi=soi, soi_jre=soi_jre, vsh=vsh, swjr=swjr, sojwe=sojwe, osq=osq, ormoff=ormoff)
 
-        # ================= CONV instruction registers (latched at CONV start) =================
+    # ================= CONV instruction registers (latched at CONV start) =================
+    def _conv_registers(self, m, fc, start_conv, ci):
+        """The CONV fields and per-instruction constants (pass bases, padding limits, output rows),
+        latched when a CONV starts."""
+        p = self.p
+        pp, cp, ab = p.pp, p.cp, p.addr_bits
+        A = self._A
         bases = [Signal(ab, name=f"base{k}") for k in range(4)]
         gb_i = Signal(6)
         c_i = Signal(range(max(pp, 2)))
@@ -174,19 +200,26 @@ class ConvEngine(wiring.Component):
                 bases[2].eq(A(fc["bank_addr_in_2"])), bases[3].eq(A(fc["bank_addr_in_3"])),
                 gb_i.eq(qi * pp), c_i.eq(ri),
                 pt.eq(fc["pad_top"]), pl.eq(fc["pad_left"]),
-                ylim.eq(vsh + fc["pad_bottom"] + 1),
-                xlim.eq((fc["length"] - 1) * sw + fc["pad_right"] + 1),
+                ylim.eq(ci.vsh + fc["pad_bottom"] + 1),
+                xlim.eq((fc["length"] - 1) * ci.sw + fc["pad_right"] + 1),
                 cg.eq(fc["channel_group"]), length.eq(fc["length"]),
                 nread.eq(fc["channel_group"] * cp - fc["channel_offset"]),
                 baw.eq(A(fc["bank_addr_weights"])), bab.eq(A(fc["bank_addr_bias"])),
             ]
             for h in range(pp):
-                slot = ro + osq[h]
+                slot = ro + ci.osq[h]
                 qs_, rs_ = _const_divmod(slot, pp, 2 * pp + 8)
                 m.d.sync += [obank[h].eq(qo * pp + rs_),
-                             row0[h].eq(A(A(fc["bank_addr_out"]) + ormoff[h] + A(qs_ * sojwe)))]
+                             row0[h].eq(A(A(fc["bank_addr_out"]) + ci.ormoff[h] + A(qs_ * ci.sojwe)))]
+        return SimpleNamespace(bases=bases, gb_i=gb_i, c_i=c_i, pt=pt, pl=pl, ylim=ylim, xlim=xlim, cg=cg,
+                               length=length, nread=nread, baw=baw, bab=bab, row0=row0, obank=obank)
 
-        # ================= ISSUE stage: step counters and read requests =================
+    # ================= ISSUE stage: step counters and read requests =================
+    def _issue(self, m, ci, cv):
+        """The step loop (w, ky, kx, g): the row and weight read requests of the step, its padding /
+        channel_offset masks (registered with the data), and the counter update."""
+        p = self.p
+        pp, cp, ab = p.pp, p.cp, p.addr_bits
         run = Signal()
         g = Signal(9)
         kx = Signal(5)
@@ -202,10 +235,10 @@ class ConvEngine(wiring.Component):
         bw = [Signal(ab, name=f"bw{k}") for k in range(4)]   # pass bases from the current pass on
         waddr = Signal(ab)        # weight line: baw + (ky*kw + kx)*cg + g
 
-        g_last = g == cg - 1
-        kx_last = kx == kw - 1
-        ky_last = ky == kh - 1
-        w_last = w == length - 1
+        g_last = g == cv.cg - 1
+        kx_last = kx == ci.kw - 1
+        ky_last = ky == ci.kh - 1
+        w_last = w == cv.length - 1
         col_first = (g == 0) & (kx == 0) & (ky == 0)
         col_last = g_last & kx_last & ky_last
 
@@ -216,26 +249,26 @@ class ConvEngine(wiring.Component):
             s_ = umod + h
             carry = s_ >= pp
             m.d.comb += [
-                r.en.eq(run & (h < vpp)),
-                r.bank.eq(gb_i + Mux(carry, s_ - pp, s_)),
+                r.en.eq(run & (h < ci.vpp)),
+                r.bank.eq(cv.gb_i + Mux(carry, s_ - pp, s_)),
                 r.addr.eq(Mux(carry, bw[1], bw[0]) + loffg),
             ]
         m.d.comb += [self.w_rd.en.eq(run), self.w_rd.addr.eq(waddr)]
 
         # masks, computed at issue and registered with the data
         x_now = xcol + kx
-        colok = (x_now >= pl) & (x_now < xlim)
+        colok = (x_now >= cv.pl) & (x_now < cv.xlim)
         rowok_d = Signal(pp)
         chok_d = Signal(cp)
         v_d = Signal()
         first_d = Signal()
         last_d = Signal()
         thr = Signal(signed(17))
-        m.d.comb += thr.eq(nread - gch)
+        m.d.comb += thr.eq(cv.nread - gch)
         m.d.sync += [
             v_d.eq(run), first_d.eq(col_first), last_d.eq(col_last),
             chok_d.eq(Cat(*[thr > i for i in range(cp)])),
-            rowok_d.eq(Cat(*[colok & (ky + h * sh >= pt) & (ky + h * sh < ylim) for h in range(pp)])),
+            rowok_d.eq(Cat(*[colok & (ky + h * ci.sh >= cv.pt) & (ky + h * ci.sh < cv.ylim) for h in range(pp)])),
         ]
 
         with m.If(run):
@@ -245,64 +278,81 @@ class ConvEngine(wiring.Component):
             with m.Else():
                 m.d.sync += [g.eq(0), gch.eq(0)]
                 with m.If(~kx_last):
-                    m.d.sync += [kx.eq(kx + 1), loff.eq(loff + jr)]
+                    m.d.sync += [kx.eq(kx + 1), loff.eq(loff + ci.jr)]
                 with m.Else():
                     m.d.sync += kx.eq(0)
                     with m.If(~ky_last):
                         m.d.sync += ky.eq(ky + 1)
-                        with m.If(rmod + 1 >= sh):       # next input sub-row is in the next slot
+                        with m.If(rmod + 1 >= ci.sh):    # next input sub-row is in the next slot
                             m.d.sync += [rmod.eq(0), rmoff.eq(0), loff.eq(coloff)]
                             with m.If(umod == pp - 1):  # ... which is in the next pass
                                 m.d.sync += [umod.eq(0), bw[0].eq(bw[1]), bw[1].eq(bw[2]), bw[2].eq(bw[3])]
                             with m.Else():
                                 m.d.sync += umod.eq(umod + 1)
                         with m.Else():
-                            m.d.sync += [rmod.eq(rmod + 1), rmoff.eq(rmoff + jre),
-                                         loff.eq(rmoff + jre + coloff)]
+                            m.d.sync += [rmod.eq(rmod + 1), rmoff.eq(rmoff + ci.jre),
+                                         loff.eq(rmoff + ci.jre + coloff)]
                     with m.Else():                        # next output column
-                        m.d.sync += [ky.eq(0), rmod.eq(soi), rmoff.eq(soi_jre), umod.eq(c_i),
-                                     waddr.eq(baw), coloff.eq(coloff + swjr), loff.eq(soi_jre + coloff + swjr),
-                                     xcol.eq(xcol + sw), w.eq(w + 1)]
-                        m.d.sync += [bw[k].eq(bases[k]) for k in range(4)]
+                        m.d.sync += [ky.eq(0), rmod.eq(ci.soi), rmoff.eq(ci.soi_jre), umod.eq(cv.c_i),
+                                     waddr.eq(cv.baw), coloff.eq(coloff + ci.swjr),
+                                     loff.eq(ci.soi_jre + coloff + ci.swjr), xcol.eq(xcol + ci.sw), w.eq(w + 1)]
+                        m.d.sync += [bw[k].eq(cv.bases[k]) for k in range(4)]
                         with m.If(w_last):
                             m.d.sync += run.eq(0)
+        return SimpleNamespace(run=run, g=g, kx=kx, ky=ky, w=w, gch=gch, rmod=rmod, rmoff=rmoff, coloff=coloff,
+                               loff=loff, xcol=xcol, umod=umod, bw=bw, waddr=waddr, w_last=w_last,
+                               col_last=col_last, rowok_d=rowok_d, chok_d=chok_d, v_d=v_d, first_d=first_d,
+                               last_d=last_d)
 
-        # ================= bias =================
+    # ================= bias =================
+    def _bias(self, m, ci, cv):
+        """The bias line, read once per CONV (request `pend`), latched as bias[o] * 2^shift_bias."""
+        cp = self.p.cp
         bias_pend = Signal()
         bsh = [Signal(60, name=f"bsh{o}") for o in range(cp)]    # bias[o] * 2^shift_bias (mod 2^60)
-        m.d.comb += [self.bias_rd.en.eq(bias_pend), self.bias_rd.addr.eq(bab)]
+        m.d.comb += [self.bias_rd.en.eq(bias_pend), self.bias_rd.addr.eq(cv.bab)]
         bias_v = Signal()
         m.d.sync += [bias_pend.eq(0), bias_v.eq(bias_pend)]
         with m.If(bias_v):
-            m.d.sync += [bsh[o].eq(self.bias_rd.data[8 * o:8 * o + 8].as_signed() << sb) for o in range(cp)]
+            m.d.sync += [bsh[o].eq(self.bias_rd.data[8 * o:8 * o + 8].as_signed() << ci.sb) for o in range(cp)]
+        return SimpleNamespace(pend=bias_pend, bsh=bsh)
 
-        # ================= MAC stage =================
+    # ================= MAC stage =================
+    def _mac(self, m, st):
+        """The PP x OCP accumulators; the last step of a column copies its sums into R (valid: `rv`)."""
+        p = self.p
+        pp, cp = p.pp, p.cp
         acc = [[Signal(signed(p.acc_bits), name=f"acc{h}_{o}") for o in range(cp)] for h in range(pp)]
         R = [[Signal(signed(p.acc_bits), name=f"R{h}_{o}") for o in range(cp)] for h in range(pp)]
         rv = Signal()
-        m.d.sync += rv.eq(v_d & last_d)
+        m.d.sync += rv.eq(st.v_d & st.last_d)
         wts = [[self.w_rd.data[o][8 * i:8 * i + 8].as_signed() for i in range(cp)] for o in range(cp)]
         for h in range(pp):
             d = self.img_rd[h].data
             xs = []
             for i in range(cp):
                 xm = Signal(signed(8), name=f"x{h}_{i}")
-                m.d.comb += xm.eq(Mux(rowok_d[h] & chok_d[i], d[8 * i:8 * i + 8], 0))
+                m.d.comb += xm.eq(Mux(st.rowok_d[h] & st.chok_d[i], d[8 * i:8 * i + 8], 0))
                 xs.append(xm)
             for o in range(cp):
                 ps = Signal(signed(16 + max(1, (cp - 1).bit_length())), name=f"ps{h}_{o}")
                 m.d.comb += ps.eq(sum(xs[i] * wts[o][i] for i in range(cp)))
                 nxt = Signal(signed(p.acc_bits), name=f"accn{h}_{o}")
-                m.d.comb += nxt.eq(Mux(first_d, 0, acc[h][o]) + ps)
-                with m.If(v_d):
+                m.d.comb += nxt.eq(Mux(st.first_d, 0, acc[h][o]) + ps)
+                with m.If(st.v_d):
                     m.d.sync += acc[h][o].eq(nxt)
-                with m.If(v_d & last_d):
+                with m.If(st.v_d & st.last_d):
                     m.d.sync += R[h][o].eq(nxt)
+        return SimpleNamespace(R=R, rv=rv)
 
-        # ================= POST stage: bias, shift, activation, rounding, saturation =================
+    # ================= POST stage: bias, shift, activation, rounding, saturation =================
+    def _post(self, m, ci, mac, bias):
+        """The output bytes Y (one line per row, valid: `yv`) of the column in R."""
+        p = self.p
+        pp, cp = p.pp, p.cp
         Y = [Signal(8 * cp, name=f"Y{h}") for h in range(pp)]
         yv = Signal()
-        m.d.sync += yv.eq(rv)
+        m.d.sync += yv.eq(mac.rv)
         # All in unsigned 60-bit arithmetic (|values| < 2^57), which simulates fast. With the sign offset
         # 2^59 added, u = t + 2^59 > 0 for the true value t = n + 2^(kk-1), and (u >> kk) = v + tb with
         # v = floor(t / 2^kk) the rounded value and tb = 2^(59-kk). The activation's clamp to [lo, hi]
@@ -312,32 +362,43 @@ class ConvEngine(wiring.Component):
             ybytes = []
             for o in range(cp):
                 rs = Signal(60, name=f"r{h}_{o}")
-                m.d.comb += rs.eq(R[h][o])                       # sign-extends
+                m.d.comb += rs.eq(mac.R[h][o])                   # sign-extends
                 a = Signal(60, name=f"a{h}_{o}")
-                m.d.comb += a.eq((rs << 1) + bsh[o])            # 2*acc + bias*2^shift_bias
-                neg = act_leaky & a[59]
+                m.d.comb += a.eq((rs << 1) + bias.bsh[o])        # 2*acc + bias*2^shift_bias
+                neg = ci.act_leaky & a[59]
                 a26 = (a << 4)[:60] + (a << 3)[:60] + (a << 1)[:60]
                 u = Signal(60, name=f"u{h}_{o}")
-                m.d.comb += u.eq(Mux(neg, a26, a) + Mux(neg, rf_l, rf_n))
+                m.d.comb += u.eq(Mux(neg, a26, a) + Mux(neg, ci.rf_l, ci.rf_n))
                 sv = Signal(60, name=f"sv{h}_{o}")
-                m.d.comb += sv.eq(u >> Mux(neg, kk_l, kk_n))
-                hi_hit = ~neg & (sv >= th_n)
-                lo_hit = sv < Mux(neg, tl_l, tl_n)
-                y = Mux(hi_hit, hi8, Mux(lo_hit, lo8, sv[:8] + Mux(neg, nb_l, nb_n)))
+                m.d.comb += sv.eq(u >> Mux(neg, ci.kk_l, ci.kk_n))
+                hi_hit = ~neg & (sv >= ci.th_n)
+                lo_hit = sv < Mux(neg, ci.tl_l, ci.tl_n)
+                y = Mux(hi_hit, ci.hi8, Mux(lo_hit, ci.lo8, sv[:8] + Mux(neg, ci.nb_l, ci.nb_n)))
                 ybytes.append(y[:8])
-            with m.If(rv):
+            with m.If(mac.rv):
                 m.d.sync += Y[h].eq(Cat(*ybytes))
+        return SimpleNamespace(Y=Y, yv=yv)
 
-        # ================= WRITE stage =================
-        wcol = Signal(ab)         # w * jump_write
-        with m.If(yv):
-            m.d.sync += wcol.eq(wcol + jw)
-        for h in range(pp):
+    # ================= WRITE stage =================
+    def _write(self, m, ci, cv, y):
+        """One output line per valid row; returns the column offset register (w * jump_write)."""
+        p = self.p
+        wcol = Signal(p.addr_bits)         # w * jump_write
+        with m.If(y.yv):
+            m.d.sync += wcol.eq(wcol + ci.jw)
+        for h in range(p.pp):
             wr = self.img_wr[h]
-            m.d.comb += [wr.en.eq(yv & (h < vpp)), wr.bank.eq(obank[h]), wr.addr.eq(row0[h] + wcol),
-                         wr.data.eq(Y[h])]
+            m.d.comb += [wr.en.eq(y.yv & (h < ci.vpp)), wr.bank.eq(cv.obank[h]), wr.addr.eq(cv.row0[h] + wcol),
+                         wr.data.eq(y.Y[h])]
+        return wcol
 
-        # ================= start / end =================
+    # ================= start / end =================
+    def _start_end(self, m, fc, start_init, start_conv, ci, st, bias, wcol):
+        """The end timer (init_cycles after a CONVINIT, conv_latency after the last CONV step) and the
+        start of a CONV (loop counters and bias request)."""
+        p = self.p
+        pp = p.pp
+        A = self._A
         tail = Signal(range(max(p.t.conv_latency, p.t.init_cycles, 2)))
         tailing = Signal()
         m.d.comb += self.ctl.end.eq(tailing & (tail == 0))
@@ -345,15 +406,15 @@ class ConvEngine(wiring.Component):
             m.d.sync += tail.eq(tail - 1)
             with m.If(tail == 0):
                 m.d.sync += tailing.eq(0)
-        with m.If(run & col_last & w_last):
+        with m.If(st.run & st.col_last & st.w_last):
             m.d.sync += [tailing.eq(1), tail.eq(p.t.conv_latency - 1)]
         with m.If(start_init):
             m.d.sync += [tailing.eq(1), tail.eq(p.t.init_cycles - 1)]
         with m.If(start_conv):
-            m.d.sync += [run.eq(1), bias_pend.eq(1), g.eq(0), gch.eq(0), kx.eq(0), ky.eq(0), w.eq(0),
-                         rmod.eq(soi), rmoff.eq(soi_jre), coloff.eq(0), loff.eq(soi_jre), xcol.eq(0),
-                         waddr.eq(A(fc["bank_addr_weights"])), wcol.eq(0), tailing.eq(0),
-                         umod.eq(_const_divmod(fc["bank_id_in"], pp, 63)[1])]
+            m.d.sync += [st.run.eq(1), bias.pend.eq(1), st.g.eq(0), st.gch.eq(0), st.kx.eq(0), st.ky.eq(0),
+                         st.w.eq(0), st.rmod.eq(ci.soi), st.rmoff.eq(ci.soi_jre), st.coloff.eq(0),
+                         st.loff.eq(ci.soi_jre), st.xcol.eq(0), st.waddr.eq(A(fc["bank_addr_weights"])),
+                         wcol.eq(0), tailing.eq(0), st.umod.eq(_const_divmod(fc["bank_id_in"], pp, 63)[1])]
+            bw = st.bw
             m.d.sync += [bw[0].eq(A(fc["bank_addr_in"])), bw[1].eq(A(fc["bank_addr_in_1"])),
                          bw[2].eq(A(fc["bank_addr_in_2"])), bw[3].eq(A(fc["bank_addr_in_3"]))]
-        return m
