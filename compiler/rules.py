@@ -98,7 +98,8 @@ import math
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
-from opendpu.compiler.ref.ops import avg_pool_factor
+from opendpu.compiler.fixpoint import (LEAKY_ALPHA, MULTI_FACTOR_MAX, PRELU_SHIFT_MAX, avg_pool_factor,
+                                       slope_encoding, slope_fits_alu)
 from opendpu.isa.fields import FIELDS
 from opendpu.isa.target import ALU_TYPES, Target
 
@@ -122,14 +123,11 @@ ELEW_NUM_MAX = _field("ELEW", "num").hi                     # 4 inputs
 ELEW_ACT_CODES = tuple(range(_field("ELEW", "act_type").hi + 1))   # (0, 1): none, ReLU
 ALU_PAD_LT_MAX = _field("ALU", "pad_left").hi               # 15 (== _field("ALU", "pad_top").hi)
 ALU_PAD_RB_MAX = _field("ALU", "pad_right").hi              # 255 (== pad_bottom)
-# multi_factor is an 8-bit field the simulator reads as signed int8 (§6.8, §9.10): keep it ≤ 127.
-MULTI_FACTOR_MAX = (1 << (_field("ALUINIT", "multi_factor").width - 1)) - 1
-# ALU shift codes are 6 bits, "32 + r" for a right shift r ≥ 0 (§6.8, §7.7).
-PRELU_SHIFT_MAX = _field("ALUINIT", "shift_prelu_n").hi - 32  # 31
+# MULTI_FACTOR_MAX (127: multi_factor is read as signed int8, §6.8, §9.10), PRELU_SHIFT_MAX (31: ALU shift
+# codes are "32 + r", §7.7) and LEAKY_ALPHA (26/256, §6.1) come from compiler.fixpoint.
 # passes over the image bank group: bank_addr_in, _in_1, _in_2, _in_3 (§6.4)
 GATHER_PASSES = sum(1 for f in FIELDS["CONV"] if f.name.startswith("bank_addr_in"))   # 4
 ARGMAX_MAX_CHANNELS = 128      # §6.3: the simulator keeps the argmax index in a signed byte
-LEAKY_ALPHA = Fraction(26, 256)  # §6.1: the leaky slope hard-wired in CONV / ALU act_type 3
 
 assert _field("ALU", "pad_top").hi == ALU_PAD_LT_MAX and _field("ALU", "pad_bottom").hi == ALU_PAD_RB_MAX
 
@@ -182,7 +180,7 @@ def _dpu(engine: str, reason: str) -> Placement:
 
 def _ints(v, n: int, what: str) -> tuple[int, ...]:
     try:
-        if isinstance(v, (int, float)) or (hasattr(v, "ndim") and getattr(v, "ndim") == 0):
+        if isinstance(v, (int, float)) or (hasattr(v, "ndim") and v.ndim == 0):
             vals = [v] * n
         else:
             vals = list(v)
@@ -641,14 +639,12 @@ def _alpha_of(op: OpDesc):
 def _leaky(op: OpDesc, t: Target) -> Placement:
     a = _alpha_of(op)
     try:
-        f = Fraction(float(a))
+        m, s = slope_encoding(float(a))                      # floats are dyadic: a = m / 2^s
     except (TypeError, ValueError):
         raise _Cpu(f"leaky-relu alpha {a!r} is not a number") from None
-    s = f.denominator.bit_length() - 1                       # floats are dyadic: f = m / 2^s
-    m = f.numerator
-    ok = -MULTI_FACTOR_MAX - 1 <= m <= MULTI_FACTOR_MAX and s <= PRELU_SHIFT_MAX
-    _need(ok, f"leaky-relu alpha {float(a):g} is not m/2^s with |m| <= {MULTI_FACTOR_MAX} "
-              f"(ALU multi_factor) and s <= {PRELU_SHIFT_MAX}",
+    _need(slope_fits_alu(m, s),
+          f"leaky-relu alpha {float(a):g} is not m/2^s with |m| <= {MULTI_FACTOR_MAX} (ALU multi_factor) "
+          f"and s <= {PRELU_SHIFT_MAX}",
           "use negative_slope=0.1015625 (26/256)")
     _check_channels("leaky-relu", _ic(op), ALU_CG_MAX, t)
     return _dpu("alu", f"ALU {ALU_TYPES[4]} (exec_mode 4), multi_factor {m}, slope {m}/2^{s}")

@@ -7,7 +7,8 @@ Fixed point
     value = q * 2^-fp, q = clamp(round(x * 2^fp), lo, hi), hi = 2^(bw-1) - 1, lo = -2^(bw-1)
     (``narrow_range``: lo = -hi). ``fp`` may be negative (|x| > 2^(bw-1) needs fp < 0).
 
-Rounding (``round_values``; the same rules as the nndct ``fix_neuron`` kernel)
+Rounding (``round_values``; the same rules as the nndct ``fix_neuron`` kernel; the one implementation and
+the mode names live in ``compiler.fixpoint``, shared with the runtime and the compiler)
     half_even  ties to the even integer                       (nndct method -1)
     half_up    ties toward +inf: -2.5 -> -2, 2.5 -> 3           (nndct 2, "DPU round")
     half_down  ties toward zero: -2.5 -> -2, 2.5 -> 2           (nndct 6; note: toward zero, not -inf)
@@ -91,8 +92,8 @@ the whole tensor (vai_q quantises parameters with diffs and method 3 = std_round
 percentile/entropy fall back to diffs.
 
 Errors: ``CalibError`` (a ValueError). NaN/Inf data raise, naming the tensor and the 0-based batch
-index (vai_q warns TENSOR_VALUE_INVALID and skips the tensor; an emulator wants the failure); ``fix_point`` before any ``update`` raises a
-NO_CALIBRATION error. Empty batches are ignored (vai_q returns early on numel() == 0).
+index (vai_q warns TENSOR_VALUE_INVALID and skips the tensor; an emulator wants the failure); ``fix_point``
+before any ``update`` raises a NO_CALIBRATION error. Empty batches are ignored (vai_q returns early on numel() == 0).
 """
 from __future__ import annotations
 
@@ -101,14 +102,14 @@ from collections import Counter
 
 import numpy as np
 
+from opendpu.compiler import fixpoint as F
+from opendpu.compiler.fixpoint import ROUND_MODES
 from opendpu.isa.numba_cache import set_numba_cache_dir
+from opendpu.quant.onnx_in import QuantError
 
 set_numba_cache_dir()          # one Numba cache for every opendpu kernel
 from numba import njit  # noqa: E402
 
-from opendpu.quant.onnx_in import QuantError
-
-ROUND_MODES = ("half_even", "half_up", "half_down", "std_round", "floor")
 METHODS = ("maxmin", "percentile", "mse", "entropy", "diffs")
 STATISTICS = ("modal", "max", "mean", "median")
 
@@ -163,27 +164,9 @@ def _apply_cap(fp, cap):
 
 
 def round_values(x, mode: str) -> np.ndarray:
-    """Round to integers with one of ROUND_MODES; float64 result, exact for every finite input."""
-    _check_mode(mode)
-    x = np.asarray(x, dtype=np.float64)
-    if mode == "half_even":
-        r = np.rint(x)
-    elif mode == "floor":
-        r = np.floor(x)
-    else:
-        a = np.abs(x)
-        fa = np.floor(a)
-        ra = a - fa                       # exact for a >= 0 (a < 1, or Sterbenz)
-        up = fa + (ra >= 0.5)             # |x| rounded, ties away from zero
-        down = fa + (ra > 0.5)            # |x| rounded, ties toward zero
-        neg = x < 0
-        if mode == "std_round":
-            r = np.where(neg, -up, up)
-        elif mode == "half_down":
-            r = np.where(neg, -down, down)
-        else:                             # half_up: ties toward +inf
-            r = np.where(neg, -down, up)
-    return r + 0.0                        # no negative zeros
+    """Round to integers with one of ROUND_MODES (compiler.fixpoint.round_values, a CalibError for an unknown
+    mode); float64 result, exact for every finite input."""
+    return F.round_values(x, _check_mode(mode))
 
 
 def _int_dtype(bit_width):

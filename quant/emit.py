@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from opendpu.compiler.ref.ops import avg_pool_factor
+from opendpu.compiler.fixpoint import HSIGMOID_SLOPE, LEAKY_ALPHA, avg_pool_factor
 from opendpu.quant.prepare import Prepared, QNode
 
-HSIG_A = 2731 / 16384          # the DPU's 1/6 (spec §7.6)
+HSIG_A = HSIGMOID_SLOPE        # the DPU's 1/6 = 2731/16384 (spec §7.6)
 TIE_BITS = 16                  # QDQ tie-break offset 2^-(fp+16): 1/65536 LSB, one float32 ulp at 64..128 LSB
 OPSET = 17
 
@@ -124,7 +124,7 @@ class _Emitter:
             hi = self.const(np.array(6, np.float32), "six")
             return self.node("Clip", [t, lo, hi], out)
         if n.act == "LEAKYRELU":
-            return self.node("LeakyRelu", [t], out, alpha=float(n.attrs.get("alpha") or 26 / 256))
+            return self.node("LeakyRelu", [t], out, alpha=float(n.attrs.get("alpha") or LEAKY_ALPHA))
         raise ValueError(f"op {n.name}: unknown activation {n.act}")
 
     def emit_node(self, n: QNode, ins: list[str]) -> str:

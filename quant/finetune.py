@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from opendpu.compiler.fixpoint import LEAKY_ALPHA
 from opendpu.quant import calib as C
+from opendpu.quant.conv_params import quantize_conv_params
 from opendpu.quant.emit import emit_onnx, session, value_name
+
+_LEAKY = float(LEAKY_ALPHA)       # the DPU slope, for a LeakyReLU without an alpha attribute
 
 
 def _batches(x: np.ndarray, bs: int):
@@ -77,7 +81,7 @@ def _act(v: np.ndarray, act: str, alpha) -> np.ndarray:
     if act == "RELU6":
         return np.clip(v, 0, 6)
     if act == "LEAKYRELU":
-        return np.where(v < 0, v * (alpha or 26 / 256), v)
+        return np.where(v < 0, v * (alpha or _LEAKY), v)
     return v
 
 
@@ -87,7 +91,7 @@ def _act_grad(v: np.ndarray, act: str, alpha) -> np.ndarray:
     if act == "RELU6":
         return ((v > 0) & (v < 6)).astype(v.dtype)
     if act == "LEAKYRELU":
-        return np.where(v < 0, alpha or 26 / 256, 1.0)
+        return np.where(v < 0, alpha or _LEAKY, 1.0)
     return np.ones_like(v)
 
 
@@ -109,7 +113,6 @@ def _rows(x: np.ndarray, n, pos: np.ndarray) -> np.ndarray:
 def fast_finetune(res, x: np.ndarray, rows: int = 1024, samples: int = 64) -> list[dict]:
     """Tune every conv / depthwise layer of a QuantResult (see the module docstring); updates weights,
     re-derives the integer weights and biases and returns a per-layer log."""
-    from opendpu.quant.quantize import _biases
     prep, qp, cfg = res.prep, res.qp, res.config
     rng = np.random.default_rng(cfg.seed)
     xs = x[:samples]
@@ -184,7 +187,7 @@ def fast_finetune(res, x: np.ndarray, rows: int = 1024, samples: int = 64) -> li
             n.weight = W.astype(np.float32)
             n.bias = b.astype(np.float32)
         log.append({"layer": n.name, "mse_ptq": base, "mse_tuned": tuned, "kept": bool(keep)})
-    _biases(prep, cfg, qp, [])
+    quantize_conv_params(prep, cfg, qp, [])
     res._sessions.clear()
     res.notes.append(f"fast finetune: {sum(r['kept'] for r in log)} of {len(log)} layers improved")
     res.finetune_log = log

@@ -13,21 +13,22 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from opendpu.compiler import fixpoint as F
 from opendpu.compiler.xir.graph import dump_stem
 from opendpu.quant import calib as C
+from opendpu.quant.conv_params import CONV_KINDS, quantize_conv_params
 from opendpu.quant.emit import QParams, emit_onnx, session, value_name
 from opendpu.quant.onnx_in import QuantError, load_onnx, to_fgraph, torch_to_onnx
 from opendpu.quant.prepare import Prepared, prepare
 
 HSIG_OUT_FP = 7          # hard-sigmoid output is [0, 1]: fix point 7 (its DPU form saturates at 127/128)
-CONV_KINDS = ("conv", "dwconv", "tconv")
 
 
 @dataclass
 class QuantConfig:
     """Every scheme choice (defaults as vai_q_pytorch for a DPU target); recorded in quant_info.json."""
     method: str = "diffs"                 # activation calibration: maxmin percentile mse entropy diffs
-    weight_method: str | None = None      # weights and biases: maxmin | diffs | mse (default: diffs unless method is maxmin)
+    weight_method: str | None = None      # weights and biases: maxmin | diffs | mse (None: diffs, maxmin if method is)
     statistic: str | None = None          # per-batch reduction for diffs (modal | max | mean | median)
     percentile: float = 99.9999
     bit_width: int = 8
@@ -46,14 +47,16 @@ class QuantConfig:
 
     def validate(self) -> None:
         if self.method not in C.METHODS:
-            raise QuantError(f"QUANT_CONFIG: unknown calibration method {self.method!r}; use one of {', '.join(C.METHODS)}")
+            raise QuantError(f"QUANT_CONFIG: unknown calibration method {self.method!r}; use one of "
+                             f"{', '.join(C.METHODS)}")
         wm = self.wmethod
         if wm not in ("maxmin", "diffs", "mse"):
             raise QuantError(f"QUANT_CONFIG: weight method {wm!r}; use maxmin, diffs or mse")
         if self.bit_width != 8:
             raise QuantError(f"ILLEGAL_BITWIDTH: the DPU takes 8-bit tensors, not {self.bit_width}")
         if self.statistic is not None and self.statistic not in C.STATISTICS:
-            raise QuantError(f"QUANT_CONFIG: unknown statistic {self.statistic!r}; use one of {', '.join(C.STATISTICS)}")
+            raise QuantError(f"QUANT_CONFIG: unknown statistic {self.statistic!r}; use one of "
+                             f"{', '.join(C.STATISTICS)}")
         if self.statistic == "modal" and self.method != "diffs":
             raise QuantError("QUANT_CONFIG: calib_statistic_method 'modal' is only valid with method 'diffs'")
         p = self.percentile
@@ -227,7 +230,8 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
 
     Shared positions: concat inputs and output, pool input and output, upsample and reshape in/out.
     Lowered (never raised) so nothing overflows: conv shift_cut = fp_in + fp_w - fp_out ≥ 0 (spec §7.2);
-    eltwise-add input spread ≤ cfg.eltwise_spread (§7.5); hard-sigmoid output 7."""
+    eltwise-add input spread ≤ cfg.eltwise_spread (§7.5); ELEW shift_write ≤ 15 (§7.5); hard-sigmoid output 7.
+    The shift limits are compiler.fixpoint's (conv_fp_out_max, elew_fp_out_max)."""
     g = _Groups()
     q = {n.name: n for n in prep.nodes}
     for n in prep.nodes:
@@ -273,7 +277,7 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
                 fp[g.find(n.name)] = HSIG_OUT_FP
                 changed = True
             if n.kind in CONV_KINDS and n.inputs[0] in raw:
-                changed |= lower(n.name, get(n.inputs[0]) + w_fp[n.name],
+                changed |= lower(n.name, F.conv_fp_out_max(get(n.inputs[0]), w_fp[n.name]),
                                  "shift_cut = fp_in + fp_w - fp_out must be >= 0")
             if n.kind == "eltwise" and n.attrs["type"] == "ADD" and len(n.inputs) > 1:
                 m = min(get(i) for i in n.inputs)
@@ -282,7 +286,7 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
                                      f"eltwise-add inputs within {cfg.eltwise_spread} fix points (DPU ELEW)")
             if n.kind == "eltwise":
                 ref = min(get(i) for i in n.inputs) if n.attrs["type"] == "ADD" else sum(get(i) for i in n.inputs)
-                changed |= lower(n.name, ref + 15, "eltwise shift_write within 15")
+                changed |= lower(n.name, F.elew_fp_out_max(ref), "eltwise shift_write within 15")
         if fixed:
             for name, v in fixed.items():
                 if name in raw and get(name) > v:
@@ -396,7 +400,8 @@ class QuantResult:
             rows.append({"layer": n.name, "kind": n.kind, "device": n.device, "fix_point": fp,
                          "weight_fix_point": self.qp.w_fp.get(n.name), "bias_fix_point": self.qp.b_fp.get(n.name),
                          "sqnr_db": round(sqnr, 2), "max_abs_err": float(np.max(np.abs(err))) if err.size else 0.0,
-                         "max_err_lsb": (float(np.max(np.abs(err))) * 2.0 ** fp if fp is not None and err.size else None)})
+                         "max_err_lsb": (float(np.max(np.abs(err))) * 2.0 ** fp
+                                         if fp is not None and err.size else None)})
         return rows
 
     def evaluate(self, x: np.ndarray, y: np.ndarray | None = None, batch: int = 64) -> dict:
@@ -410,7 +415,8 @@ class QuantResult:
         fa, qa = fl.reshape(len(fl), -1).argmax(1), qu.reshape(len(qu), -1).argmax(1)
         err = fl.astype(np.float64) - qu
         res = {"samples": int(len(x)), "top1_agreement": float(np.mean(fa == qa)),
-               "output_sqnr_db": float(10 * np.log10(np.mean(fl.astype(np.float64) ** 2) / max(np.mean(err ** 2), 1e-30)))}
+               "output_sqnr_db": float(10 * np.log10(np.mean(fl.astype(np.float64) ** 2)
+                                                     / max(np.mean(err ** 2), 1e-30)))}
         if y is not None:
             y = np.asarray(y).reshape(-1)
             res["float_accuracy"] = float(np.mean(fa == y))
@@ -528,23 +534,6 @@ def _weights(prep: Prepared, cfg: QuantConfig, qp: QParams) -> None:
                                                  round_mode=cfg.weight_round)
 
 
-def _biases(prep: Prepared, cfg: QuantConfig, qp: QParams, adjustments: list) -> None:
-    for n in prep.nodes:
-        if n.kind not in CONV_KINDS or not n.quantized:
-            continue
-        fpw = qp.w_fp[n.name]
-        qp.w_q[n.name] = C.quantize(n.weight, fpw, 8, cfg.weight_round)
-        base = qp.act_fp[n.inputs[0]] + fpw
-        nat = C.weight_fix_point(n.bias, method=cfg.wmethod, bit_width=8, round_mode=cfg.weight_round) \
-            if np.any(n.bias) else base + 1
-        fpb = min(max(nat, base - 19), base + 1)       # shift_bias = fp_in + fp_w - fp_b + 1 in 0..20 (§7.2)
-        if fpb != nat and np.any(n.bias):
-            adjustments.append({"tensor": n.name + "_bias", "from": nat, "to": fpb,
-                                "rule": "shift_bias = fp_in + fp_w - fp_bias + 1 must be in 0..20"})
-        qp.b_fp[n.name] = fpb
-        qp.b_q[n.name] = C.quantize(n.bias, fpb, 8, cfg.weight_round)
-
-
 def quantize(model, calib, target=None, config: QuantConfig | None = None, quant_info: dict | str | None = None,
              example_input=None, input_shape=None, progress=None) -> QuantResult:
     """Quantize a float ONNX model (path or ModelProto) or a torch.nn.Module (with example_input)."""
@@ -601,7 +590,7 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
     adjustments: list = []
     qp.act_fp, adj = solve_fix_points(prep, raw, qp.w_fp, cfg, fixed=None)
     adjustments += adj
-    _biases(prep, cfg, qp, adjustments)
+    quantize_conv_params(prep, cfg, qp, adjustments)
     if qi is not None:
         for n, v in qi["b"].items():
             qp.b_fp[n] = v

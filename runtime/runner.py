@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from opendpu.compiler.fixpoint import dpu_quantize
 from opendpu.compiler.xir.graph import Graph, Subgraph
 from opendpu.isa.target import Target, get_target
 from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU, TensorSpec, tensor_spec
@@ -22,9 +23,8 @@ _job_ids = itertools.count(1)
 
 
 def dpu_round_quantize(x: np.ndarray, fix_point: int) -> np.ndarray:
-    """float -> int8 with the DPU's rounding (half up, saturating), spec §6.1 / §7.1."""
-    v = np.floor(np.asarray(x, dtype=np.float64) * (2.0 ** fix_point) + 0.5)
-    return np.clip(v, -128, 127).astype(np.int8)
+    """float -> int8 with the DPU's rounding (half up, saturating), spec §6.1 / §7.1: compiler.fixpoint."""
+    return dpu_quantize(x, fix_point)
 
 
 class Runner:
