@@ -4,7 +4,7 @@ SHARED  ?= ../shared
 MODELS  := $(SHARED)/models
 export AMARANTH_USE_YOSYS ?= builtin
 
-.PHONY: all venv iverilog demo test test-slow bench bench-rtl bench-quant proto clean
+.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant proto clean
 
 all: test
 
@@ -27,7 +27,15 @@ iverilog:
 demo: venv
 	$(PY) -m opendpu.runtime.demo --models $(MODELS)
 
-test: venv iverilog
+# ruff on the whole tree, mypy on isa, sim and compiler (pyproject.toml). mypy cannot follow the editable install's
+# mapping of opendpu.<pkg> onto the top-level directories; it reads them through build/typecheck/opendpu/<pkg> links.
+lint: venv
+	$(PY) -m ruff check .
+	@mkdir -p build/typecheck/opendpu
+	@for p in isa sim compiler runtime quant hw; do ln -sfn ../../../$$p build/typecheck/opendpu/$$p; done
+	$(PY) -m mypy
+
+test: venv iverilog lint
 	$(PY) -m pytest -q
 
 test-slow: venv iverilog

@@ -3,7 +3,8 @@
 Prints, per target, the Verilog export + compile time of the bench (first build; later runs are cached)
 and the simulated cycles per second of long random programs (sim/progen.py) run in one simulator
 process. Goal: >= 100 k cycles/s on B1024. Also the MNIST xmodel's RTL wall time, and with --flows the
-same small workload on Verilator direct and cocotb + Icarus (the choice recorded in docs/rtl.md). Wall times include process start and the file I/O of loading and dumping DDR.
+same small workload on Verilator direct and cocotb + Icarus (the choice recorded in docs/rtl.md). Wall
+times include process start and the file I/O of loading and dumping DDR.
 """
 from __future__ import annotations
 

@@ -74,12 +74,10 @@ def main(argv=None) -> int:
         prog = gp.arrays
         s = simulate(prog, t)
         t_only = _median(lambda: simulate(prog, t), a.reps)
-        m = gp.machine()
         t_func = _median(lambda: simulate(prog, t, machine=gp.machine()), a.functional_reps)
         print(f"{'synthetic ' + tname + f' (generated in {gen:.1f} s)':58s} {len(s):7d} {s.total_cycles:10d} "
               f"{t_only * 1e3:9.2f} {s.total_cycles / t_only / 1e6:8.1f} {t_func * 1e3:9.1f} "
               f"{s.total_cycles / t_func / 1e6:8.1f}")
-        del m
     if rates:
         print(f"\ntiming-only rate over the shared models: min {min(rates) / 1e6:.1f}, "
               f"median {statistics.median(rates) / 1e6:.1f} M cycles/s (goal >= 20)")

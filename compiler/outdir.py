@@ -15,10 +15,12 @@ import os
 import shutil
 import tempfile
 
+from opendpu.isa.errors import OpenDpuError
+
 MARKER = ".opendpu-output"
 
 
-class OutputError(ValueError):
+class OutputError(OpenDpuError, ValueError):
     """An output path that would destroy data or cannot be written; the message names it."""
 
 
@@ -180,7 +182,8 @@ class DirOutput:
 
     def __init__(self, path: str, *, force: bool = False, inputs=(), what: str = "output directory"):
         check_dir(path, force=force, inputs=inputs, what=what)
-        self.path, self.written, self._inputs = path, [], list(inputs)
+        self.path, self._inputs = path, list(inputs)
+        self.written: list[str] = []
         self._created = not os.path.isdir(path)
 
     def __enter__(self) -> str:
@@ -188,7 +191,7 @@ class DirOutput:
         self._tmp = tempfile.mkdtemp(prefix=".opendpu-tmp-", dir=self.path)
         return self._tmp
 
-    def __exit__(self, et, ev, tb) -> bool:
+    def __exit__(self, et, ev, tb) -> None:
         try:
             if et is None:
                 self.written = publish(self._tmp, self.path, inputs=self._inputs)
@@ -196,7 +199,6 @@ class DirOutput:
             shutil.rmtree(self._tmp, ignore_errors=True)
             if et is not None and self._created:
                 shutil.rmtree(self.path, ignore_errors=True)
-        return False
 
 
 def remove_if_created(path: str, created: bool) -> None:

@@ -23,7 +23,7 @@ from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from opendpu.isa.fields import BY_OPCODE, LOAD_ENGINE, SAVE_ENGINE, CONV_ENGINE, MISC_ENGINE
+from opendpu.isa.fields import BY_OPCODE, Engine
 
 from . import iface
 from .params import HwParams
@@ -163,7 +163,7 @@ class Control(wiring.Component):
             for opc, info in BY_OPCODE.items():
                 if info.mnemonic in USABLE:
                     with m.Case(opc):
-                        m.d.comb += [nwords.eq(info.words), eng.eq(info.engine), legal.eq(1)]
+                        m.d.comb += [nwords.eq(info.words), eng.eq(int(info.engine)), legal.eq(1)]
         head_words = Signal(p.instr_bits)
         for i in range(6):
             m.d.comb += head_words[32 * i:32 * i + 32].eq(Mux(i < nwords, win[i], 0))
@@ -242,7 +242,7 @@ class Control(wiring.Component):
     def _single_issue(self, m, run, q, tk, start):
         """The single-issue engines LOAD, CONV and MISC: start rule, busy flag, the running index."""
         ib = self.p.idx_bits
-        ctl = {LOAD_ENGINE: self.load, CONV_ENGINE: self.conv, MISC_ENGINE: self.misc}
+        ctl = {Engine.LOAD: self.load, Engine.CONV: self.conv, Engine.MISC: self.misc}
         busy = {}
         r_idx = {}
         r_by = {}
@@ -333,8 +333,8 @@ class Control(wiring.Component):
         n_ret = Signal(range(R + 1))
         m.d.comb += n_ret.eq(sum(ret))
         for cc in range(4):
-            if cc != SAVE_ENGINE:
-                m.d.comb += sig[SAVE_ENGINE][cc].eq(sum(r & rob.rob_by[sl][cc] for r, sl in zip(ret, slots)))
+            if cc != Engine.SAVE:
+                m.d.comb += sig[Engine.SAVE][cc].eq(sum(r & rob.rob_by[sl][cc] for r, sl in zip(ret, slots)))
         for e in se.ctl:
             for cc in range(4):
                 if cc != e:
@@ -351,7 +351,7 @@ class Control(wiring.Component):
         R = p.save_rob_entries
         ports = p.ddr_ports
         rob_wr = rob.rob_wr
-        sv = SAVE_ENGINE
+        sv = Engine.SAVE
         h_instr = q.h_instr
         s_is_end = h_instr[sv][28:32] == END_OPCODE
         hp = h_instr[sv][32 + 29:32 + 31]
@@ -362,7 +362,7 @@ class Control(wiring.Component):
         for u in range(ports):
             pf = pf | ((port == u) & (~rob.u_busy[u] | self.save[u].end))
         m.d.comb += port_free.eq(pf)
-        own_ok = ~q.h_dpdon[sv][SAVE_ENGINE] | ((rob.rob_cnt - n_ret) == 0)
+        own_ok = ~q.h_dpdon[sv][Engine.SAVE] | ((rob.rob_cnt - n_ret) == 0)
         rob_room = (rob.rob_cnt - n_ret) < R
         want = run & q.hv[sv] & own_ok & tk.tok_ok[sv] & (s_is_end | port_free)
         m.d.comb += start[sv].eq(want & rob_room)
@@ -415,10 +415,10 @@ class Control(wiring.Component):
         n_save_end = sum(self.save[u].end for u in range(ports)) + sv.et_end
         for e in range(4):
             m.d.sync += self.cnt_start[e].eq(self.cnt_start[e] + start[e])
-            m.d.sync += self.cnt_end[e].eq(self.cnt_end[e] + (n_save_end if e == SAVE_ENGINE else ends[e]))
+            m.d.sync += self.cnt_end[e].eq(self.cnt_end[e] + (n_save_end if e == Engine.SAVE else ends[e]))
         for e in range(4):
             m.d.comb += [self.tr_start_v[e].eq(start[e]), self.tr_start_idx[e].eq(q.h_idx[e])]
-        for j, e in enumerate((LOAD_ENGINE, CONV_ENGINE, MISC_ENGINE)):
+        for j, e in enumerate((Engine.LOAD, Engine.CONV, Engine.MISC)):
             m.d.comb += [self.tr_end_v[j].eq(ctl[e].end), self.tr_end_idx[j].eq(r_idx[e]),
                          self.tr_ret_v[j].eq(ctl[e].end), self.tr_ret_idx[j].eq(r_idx[e])]
         for u in range(ports):

@@ -12,6 +12,8 @@ from amaranth.hdl import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from opendpu.isa.fields import Engine
+
 from . import iface
 from .banks import BankArray, connect_conv, connect_load, connect_misc, connect_save
 from .control import Control, n_end_slots, n_ret_slots
@@ -30,7 +32,7 @@ COUNTERS = {"LSTART": 0x180, "LEND": 0x184, "CSTART": 0x188, "CEND": 0x18C,
             "SSTART": 0x190, "SEND": 0x194, "MSTART": 0x198, "MEND": 0x19C}
 EXEC_CYCLE_LO, EXEC_CYCLE_HI, DPU_STS, AXI_STS = 0x1A0, 0x1A4, 0x1A8, 0x1AC
 FINGERPRINT_LO, FINGERPRINT_HI = 0x1F0, 0x1F4
-ENGINE_OF_COUNTER = {"L": 0, "S": 1, "C": 2, "M": 3}
+ENGINE_OF_COUNTER = {e.name[0]: e for e in Engine}    # the first letter of LSTART, CEND, ...
 
 
 def core_signature(p: HwParams) -> wiring.Signature:
@@ -44,7 +46,7 @@ def core_signature(p: HwParams) -> wiring.Signature:
         "ddr_rd": Out(iface.ddr_read(p)),
         "ddr_wr": Out(iface.ddr_write(p)).array(p.ddr_ports),
         "cyc": Out(p.cycle_bits),
-        "tr_start_v": Out(4), "tr_start_idx": Out(4 * ib),
+        "tr_start_v": Out(len(Engine)), "tr_start_idx": Out(len(Engine) * ib),     # one start slot per engine
         "tr_end_v": Out(n_end_slots(p)), "tr_end_idx": Out(n_end_slots(p) * ib),
         "tr_ret_v": Out(n_ret_slots(p)), "tr_ret_idx": Out(n_ret_slots(p) * ib),
     })

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from opendpu.isa.fields import Engine
+
 from .params import HwError, HwParams
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,7 +133,8 @@ def core_ports(p: HwParams) -> list[tuple[str, str, int]]:
     out = []
     for path, member, value in sig.flatten(sig.create()):
         nm = "__".join(str(x) for x in path)
-        out.append((nm, "in" if member.flow == wiring.In else "out", len(value.as_value() if hasattr(value, "as_value") else value)))
+        width = len(value.as_value() if hasattr(value, "as_value") else value)
+        out.append((nm, "in" if member.flow == wiring.In else "out", width))
     return out
 
 
@@ -163,7 +166,7 @@ def testbench(p: HwParams, ddr_log2: int) -> str:
       for (bi = 0; bi < {DWB}; bi = bi + 1)
         if (ddr_wr__{u}__mask[bi]) ddr[(ddr_wr__{u}__addr + bi) & DDR_MASK] <= ddr_wr__{u}__data[8*bi +: 8];""")
     tr = []
-    for i in range(4):
+    for i in range(len(Engine)):                 # one start slot per engine
         tr.append(f"    if (tr_start_v[{i}]) t_start[tr_start_idx[{ib * i} +: {TRACE_LOG2}]] <= cyc;")
     for i in range(n_end_slots(p)):
         tr.append(f"    if (tr_end_v[{i}]) t_end[tr_end_idx[{ib * i} +: {TRACE_LOG2}]] <= cyc;")
@@ -399,8 +402,9 @@ def build(target, backend: str = "verilator", ddr_bytes: int = 1 << 24, log=None
         step(1, 2, "Verilator compile (minutes on a fresh build)")
         cmd = [str(verilator_root() / "bin" / "verilator"), "--cc", "--exe", "--build", "-j", "2",
                "-Wno-fatal", "-Wno-lint", "-Wno-style", "--x-assign", "fast", "--x-initial", "fast",
-               "-O3"] + (["--trace"] if trace else []) + ["--top-module", "tb_top", "--Mdir", str(d / "obj"), "-o", "Vtb",
-               "-CFLAGS", "-O1", "tb_top.v", "dpu_core.v", "main.cpp"]
+               "-O3"] + (["--trace"] if trace else []) + ["--top-module", "tb_top", "--Mdir", str(d / "obj"),
+                                                          "-o", "Vtb", "-CFLAGS", "-O1", "tb_top.v", "dpu_core.v",
+                                                          "main.cpp"]
         _run(cmd, d, env, "Verilator build")
     else:
         sim = backend.split("-")[1]

@@ -3,14 +3,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opendpu.isa.errors import OpenDpuError
 from opendpu.isa.target import Target, get_target
 
 # Minimum pipeline latencies the RTL engines need (cycles). A Target whose timing is smaller cannot be
 # realised cycle-exactly by this RTL; `HwParams` refuses it with a clear message.
-MIN_LATENCY = {"conv_latency": 4, "alu_latency": 6, "elew_latency": 6, "ddr_latency": 3, "load_setup": 1, "fetch_latency": 1}
+MIN_LATENCY = {"conv_latency": 4, "alu_latency": 6, "elew_latency": 6, "ddr_latency": 3, "load_setup": 1,
+               "fetch_latency": 1}
 
 
-class HwError(ValueError):
+class HwError(OpenDpuError, ValueError):
     """A target or timing that this RTL cannot realise, or a bad RTL option."""
 
 

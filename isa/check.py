@@ -22,7 +22,7 @@ sim/executor.py checks that both tables agree when it is imported.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -62,82 +62,83 @@ def allocated_str(regs: Iterable[int]) -> str:
     return ", ".join(r) if r else "none"
 
 
+class _Record(NamedTuple):
+    """An executor error record as its message sees it (see `problem_message`)."""
+
+    t: Target
+    mn: str
+    v: int
+    lo: int
+    hi: int
+    aux: int
+    allocated: Iterable[int]
+    jump_bank: int | None
+
+
+def _act_message(r: _Record) -> str:
+    allowed = r.t.alu_nonlinear if r.aux else r.t.conv_nonlinear
+    eng = "ALU" if r.aux else "CONV"
+    return (f"activation code {r.v} is not supported by the {eng} engine of {r.t.name} "
+            f"(allowed: {', '.join(f'{a} ({ACT_NAMES[a]})' for a in allowed)})")
+
+
+def _noinit_message(r: _Record) -> str:
+    init = "ALUINIT" if r.aux else "CONVINIT"
+    return f"{r.mn} executed before any {init} (no {init} state, spec §5.3)"
+
+
+# error kind -> its message (without the location); one entry per kind of KIND_NAMES but E_NONE
+_MESSAGES: dict[int, Callable[[_Record], str]] = {
+    E_BANK_ANY: lambda r: f"bank id {r.v} does not exist on {r.t.name} (allowed {r.lo}..{r.hi})",
+    E_BANK_IMG: lambda r: (f"bank {r.v} is not an image bank; {r.mn} may only use image banks {r.lo}..{r.hi} "
+                           f"(VB0..VB{r.t.img_bg - 1}, spec §2.2)"),
+    E_REG: lambda r: f"DDR register REG_{r.v} is not allocated (allocated: {allocated_str(r.allocated)})",
+    E_MODE_AVG: lambda r: "mean-subtraction LOAD (mode_avg != 0) is not supported on ISA1 targets (allowed 0..0)",
+    E_PAD_START: lambda r: f"channel-augmentation pad_start must be smaller than channel (allowed {r.lo}..{r.hi})",
+    E_PAD_END: lambda r: (f"channel-augmentation end padding masks every byte of item {r.aux} "
+                          f"(first zeroed byte index {r.hi} must be > 0; check pad_end/pad_idx/jump_read)"),
+    E_DDR_READ: lambda r: (f"reads REG_{r.aux} up to byte offset {r.lo - 1} (unmasked bytes only), past the end "
+                           f"of the register (allowed offsets 0..{r.hi - 1}, size {r.hi})"),
+    E_DDR_WRITE: lambda r: (f"writes REG_{r.aux} bytes [{r.v}, {r.lo}) but the register has {r.hi} bytes "
+                            f"(ddr_addr+(length-1)*jump_write+channel = {r.lo} must be <= {r.hi})"),
+    E_ARGMAX_TARGET: lambda r: f"SAVE argmax is not available on {r.t.name} (argmax bit 1 must be clear, allowed 0..1)",
+    E_ARGMAX_CH: lambda r: f"value-mode argmax over more than 128 channels (allowed {r.lo}..{r.hi})",
+    E_NOINIT: _noinit_message,
+    E_VPP: lambda r: (f"valid_pixel_parallel exceeds {'ALU_PP' if r.aux else 'PP'} of {r.t.name} "
+                      f"(allowed {r.lo}..{r.hi})"),
+    E_KERNEL: lambda r: f"kernel size above the target limit (allowed {r.lo}..{r.hi})",
+    E_STRIDE: lambda r: f"stride above the target limit (allowed {r.lo}..{r.hi})",
+    E_SOI: lambda r: f"stride_offset_in must be smaller than stride_h (allowed {r.lo}..{r.hi})",
+    E_SHIFT_BIAS: lambda r: f"shift_bias too large (allowed {r.lo}..{r.hi})",
+    E_ACT: _act_message,
+    E_PASS: lambda r: (f"input row {r.aux} lies in bank-group pass {r.v}; only 4 pass addresses exist "
+                       f"(allowed passes {r.lo}..{r.hi}; (bank_id_in mod PP) + "
+                       f"ceil((stride_offset_in+rows_in)/stride_h) must be <= 4*PP)"),
+    E_EXEC_MODE: lambda r: f"ALU exec_mode {r.v} is illegal on ISA1 (allowed {r.lo}..{r.hi})",
+    E_ALU_1X1: lambda r: f"ALU exec_mode {r.aux} requires kernel 1x1 and stride 1 (allowed {r.lo}..{r.hi})",
+    E_KD: lambda r: f"ALU exec_mode {r.aux} requires kernel_d 1 (allowed {r.lo}..{r.hi})",
+    E_ELEW_TYPE: lambda r: f"elew_type {r.v} is illegal (allowed {r.lo}..{r.hi}: 0 add, 1 multiply)",
+    E_ELEW_NUM: lambda r: f"ELEW multiply needs exactly 2 inputs (allowed {r.lo}..{r.hi})",
+    E_ELEW_ID: lambda r: (f"ELEW reads input id {r.aux} but no ELEWINIT with id {r.aux} was executed "
+                          f"(ids {r.lo}..{r.hi} are needed)"),
+    E_JUMP_BANK: lambda r: (f"ELEWINIT id {r.aux} has jump_bank {r.jump_bank}; jump_bank*valid_pixel_parallel "
+                            f"must be <= PP {r.t.pp} (allowed {r.lo}..{r.hi})"),
+    E_LEGACY: lambda r: f"{r.mn} is not usable on ISA1 targets (no pool/dwconv engine, spec §3.4)",
+    E_TOO_BIG: lambda r: (f"working tile of {r.aux} elements exceeds the emulator limit of {MAX_TILE} "
+                          f"(the instruction is encodable but far beyond any compiled program)"),
+}
+
+
 def problem_message(kind: int, op: str, target: Target, value: int, lo: int, hi: int, aux: int,
                     allocated: Iterable[int], jump_bank: int | None = None) -> str:
     """The text of an executor error record [kind, op, value, lo, hi, aux] (without the location).
 
     `allocated`: the allocated DDR register numbers; `jump_bank`: jump_bank of ELEWINIT id `aux`
     (E_JUMP_BANK only)."""
-    t, mn, v = target, op, value
-    if kind == E_BANK_ANY:
-        return f"bank id {v} does not exist on {t.name} (allowed {lo}..{hi})"
-    if kind == E_BANK_IMG:
-        return (f"bank {v} is not an image bank; {mn} may only use image banks {lo}..{hi} "
-                f"(VB0..VB{t.img_bg - 1}, spec §2.2)")
-    if kind == E_REG:
-        return f"DDR register REG_{v} is not allocated (allocated: {allocated_str(allocated)})"
-    if kind == E_MODE_AVG:
-        return "mean-subtraction LOAD (mode_avg != 0) is not supported on ISA1 targets (allowed 0..0)"
-    if kind == E_PAD_START:
-        return f"channel-augmentation pad_start must be smaller than channel (allowed {lo}..{hi})"
-    if kind == E_PAD_END:
-        return (f"channel-augmentation end padding masks every byte of item {aux} "
-                f"(first zeroed byte index {hi} must be > 0; check pad_end/pad_idx/jump_read)")
-    if kind == E_DDR_READ:
-        return (f"reads REG_{aux} up to byte offset {lo - 1} (unmasked bytes only), past the end of the "
-                f"register (allowed offsets 0..{hi - 1}, size {hi})")
-    if kind == E_DDR_WRITE:
-        return (f"writes REG_{aux} bytes [{v}, {lo}) but the register has {hi} bytes "
-                f"(ddr_addr+(length-1)*jump_write+channel = {lo} must be <= {hi})")
-    if kind == E_ARGMAX_TARGET:
-        return f"SAVE argmax is not available on {t.name} (argmax bit 1 must be clear, allowed 0..1)"
-    if kind == E_ARGMAX_CH:
-        return f"value-mode argmax over more than 128 channels (allowed {lo}..{hi})"
-    if kind == E_NOINIT:
-        init = "ALUINIT" if aux else "CONVINIT"
-        return f"{mn} executed before any {init} (no {init} state, spec §5.3)"
-    if kind == E_VPP:
-        lim = "ALU_PP" if aux else "PP"
-        return f"valid_pixel_parallel exceeds {lim} of {t.name} (allowed {lo}..{hi})"
-    if kind == E_KERNEL:
-        return f"kernel size above the target limit (allowed {lo}..{hi})"
-    if kind == E_STRIDE:
-        return f"stride above the target limit (allowed {lo}..{hi})"
-    if kind == E_SOI:
-        return f"stride_offset_in must be smaller than stride_h (allowed {lo}..{hi})"
-    if kind == E_SHIFT_BIAS:
-        return f"shift_bias too large (allowed {lo}..{hi})"
-    if kind == E_ACT:
-        allowed = t.alu_nonlinear if aux else t.conv_nonlinear
-        eng = "ALU" if aux else "CONV"
-        return (f"activation code {v} is not supported by the {eng} engine of {t.name} "
-                f"(allowed: {', '.join(f'{a} ({ACT_NAMES[a]})' for a in allowed)})")
-    if kind == E_PASS:
-        return (f"input row {aux} lies in bank-group pass {v}; only 4 pass addresses exist "
-                f"(allowed passes {lo}..{hi}; (bank_id_in mod PP) + ceil((stride_offset_in+rows_in)/stride_h)"
-                f" must be <= 4*PP)")
-    if kind == E_EXEC_MODE:
-        return f"ALU exec_mode {v} is illegal on ISA1 (allowed {lo}..{hi})"
-    if kind == E_ALU_1X1:
-        return f"ALU exec_mode {aux} requires kernel 1x1 and stride 1 (allowed {lo}..{hi})"
-    if kind == E_KD:
-        return f"ALU exec_mode {aux} requires kernel_d 1 (allowed {lo}..{hi})"
-    if kind == E_ELEW_TYPE:
-        return f"elew_type {v} is illegal (allowed {lo}..{hi}: 0 add, 1 multiply)"
-    if kind == E_ELEW_NUM:
-        return f"ELEW multiply needs exactly 2 inputs (allowed {lo}..{hi})"
-    if kind == E_ELEW_ID:
-        return (f"ELEW reads input id {aux} but no ELEWINIT with id {aux} was executed "
-                f"(ids {lo}..{hi} are needed)")
-    if kind == E_JUMP_BANK:
-        return (f"ELEWINIT id {aux} has jump_bank {jump_bank}; jump_bank*valid_pixel_parallel must be <= PP "
-                f"{t.pp} (allowed {lo}..{hi})")
-    if kind == E_LEGACY:
-        return f"{mn} is not usable on ISA1 targets (no pool/dwconv engine, spec §3.4)"
-    if kind == E_TOO_BIG:
-        return (f"working tile of {aux} elements exceeds the emulator limit of {MAX_TILE} "
-                f"(the instruction is encodable but far beyond any compiled program)")
-    return f"error kind {kind} (value {v}, range {lo}..{hi})"
+    msg = _MESSAGES.get(kind)
+    if msg is None:
+        return f"error kind {kind} (value {value}, range {lo}..{hi})"
+    return msg(_Record(target, op, value, lo, hi, aux, allocated, jump_bank))
 
 
 @dataclass(frozen=True)
@@ -461,8 +462,8 @@ def check_program(prog, target: Target, reg_sizes: Mapping[int, int] | None) -> 
 
     allocated = [k for k in range(NUM_REGS) if size[k] >= 0]
     out = []
-    for i in np.nonzero(rec.kind)[0]:
-        i = int(i)
+    for row in np.nonzero(rec.kind)[0]:
+        i = int(row)
         kind, col = int(rec.kind[i]), int(rec.col[i])
         mn = OPS[int(op[i])].mnemonic
         fname = FIELDS[mn][col].name if col >= 0 else None

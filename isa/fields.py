@@ -5,6 +5,7 @@ Word 0 bits 31..20 (opcode, dpdon, dpdby) are the common header and are not in t
 """
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import NamedTuple
 
 
@@ -26,32 +27,42 @@ class Field(NamedTuple):
         return (1 << self.width) if self.minus_one else (1 << self.width) - 1
 
 
-# Engine categories, bit numbering of dpdon/dpdby (spec §4.1, §5.1).
-LOAD_ENGINE, SAVE_ENGINE, CONV_ENGINE, MISC_ENGINE = 0, 1, 2, 3
-ENGINE_NAMES = ("LOAD", "SAVE", "CONV", "MISC")
+class Engine(IntEnum):
+    """The four engine categories; the value is the bit number in dpdon/dpdby (spec §4.1, §5.1). The one
+    numbering of engines: cycle model, profiler, RTL and generator index by it (Numba kernels take int(e))."""
+
+    LOAD = 0
+    SAVE = 1
+    CONV = 2
+    MISC = 3
+
+    @property
+    def bit(self) -> int:
+        """The engine's dpdon/dpdby mask bit."""
+        return 1 << self.value
 
 
 class OpInfo(NamedTuple):
     mnemonic: str
     opcode: int
     words: int
-    engine: int
+    engine: Engine
 
 
 OPS = (
-    OpInfo("LOAD", 0x0, 5, LOAD_ENGINE),
-    OpInfo("ALUINIT", 0x1, 6, MISC_ENGINE),
-    OpInfo("ALU", 0x2, 5, MISC_ENGINE),
-    OpInfo("SAVE", 0x4, 5, SAVE_ENGINE),
-    OpInfo("POOLINIT", 0x6, 2, MISC_ENGINE),
-    OpInfo("END", 0x7, 1, SAVE_ENGINE),
-    OpInfo("CONV", 0x8, 5, CONV_ENGINE),
-    OpInfo("CONVINIT", 0x9, 4, CONV_ENGINE),
-    OpInfo("DPTWISE", 0xA, 5, MISC_ENGINE),
-    OpInfo("DWINIT", 0xB, 3, MISC_ENGINE),
-    OpInfo("POOL", 0xC, 5, MISC_ENGINE),
-    OpInfo("ELEWINIT", 0xD, 3, MISC_ENGINE),
-    OpInfo("ELEW", 0xE, 3, MISC_ENGINE),
+    OpInfo("LOAD", 0x0, 5, Engine.LOAD),
+    OpInfo("ALUINIT", 0x1, 6, Engine.MISC),
+    OpInfo("ALU", 0x2, 5, Engine.MISC),
+    OpInfo("SAVE", 0x4, 5, Engine.SAVE),
+    OpInfo("POOLINIT", 0x6, 2, Engine.MISC),
+    OpInfo("END", 0x7, 1, Engine.SAVE),
+    OpInfo("CONV", 0x8, 5, Engine.CONV),
+    OpInfo("CONVINIT", 0x9, 4, Engine.CONV),
+    OpInfo("DPTWISE", 0xA, 5, Engine.MISC),
+    OpInfo("DWINIT", 0xB, 3, Engine.MISC),
+    OpInfo("POOL", 0xC, 5, Engine.MISC),
+    OpInfo("ELEWINIT", 0xD, 3, Engine.MISC),
+    OpInfo("ELEW", 0xE, 3, Engine.MISC),
 )
 BY_OPCODE = {o.opcode: o for o in OPS}
 BY_NAME = {o.mnemonic: o for o in OPS}

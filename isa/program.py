@@ -2,7 +2,7 @@
 
 `decode` turns mc_code bytes (little-endian 32-bit words) into `Instruction`s; `encode` is its inverse.
 `to_text`/`from_text` use the `NAME dpdon dpdby field value …` form of spec §4.4.
-`decode_lenient` and `disasm` give a listing that goes on past undecodable words (with instruction indices,
+`decode_lenient` reads on past undecodable words; isa/disasm.py lists them (with instruction indices,
 layer names and static-check findings) for reading, not for re-assembly.
 `decode_arrays` gives the same content as flat numpy arrays for the executor and the cycle model.
 Every malformed input raises `IsaError` naming the instruction index, the field and its allowed range.
@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .fields import BY_NAME, BY_OPCODE, FIELD_INDEX, FIELDS, MAX_FIELDS, TEXT_ORDER, OPS
+from .errors import OpenDpuError
+from .fields import BY_NAME, BY_OPCODE, FIELD_INDEX, FIELDS, MAX_FIELDS, TEXT_ORDER, OPS, Engine
 
 MNEMONICS = tuple(o.mnemonic for o in OPS)
 
@@ -35,7 +36,7 @@ RESERVED = _reserved_masks()
 OP_INDEX = {o.mnemonic: i for i, o in enumerate(OPS)}
 
 
-class IsaError(ValueError):
+class IsaError(OpenDpuError, ValueError):
     """Malformed instruction stream, field value or assembly line."""
 
     def __init__(self, msg: str, index: int | None = None):
@@ -64,7 +65,7 @@ class Instruction:
         raise AttributeError(name)
 
     @property
-    def engine(self) -> int:
+    def engine(self) -> Engine:
         return BY_NAME[self.op].engine
 
     def validate(self, index: int | None = None) -> None:
@@ -101,7 +102,7 @@ class Instruction:
         return " ".join(parts)
 
 
-def _decode_one(words: np.ndarray, pos: int, idx: int) -> tuple[Instruction, int]:
+def _decode_one(words: np.ndarray, pos: int, idx: int | None) -> tuple[Instruction, int]:
     """The instruction at word `pos` of `words` and its length in words; IsaError (naming instruction
     `idx`) for an unknown opcode, a truncated instruction or reserved bits that are set."""
     n = len(words)
@@ -184,60 +185,6 @@ def decode_lenient(mc) -> list[Decoded]:
     return out
 
 
-def disasm(mc, target=None, reg_sizes: dict[int, int] | None = None, layer_of=None) -> str:
-    """Readable listing of mc_code: one line per instruction, `index  TEXT`, where TEXT is the assembly of
-    `to_text` (or `<invalid: reason> [words]` for words that do not decode; the listing goes on).
-
-    With `target` (an isa.target.Target), the static check (isa.check.check_program, with `reg_sizes` if
-    given, else without the register/DDR-bounds checks) annotates each instruction the executor would reject
-    with `; ! field=value: message`; undecodable entries are left out of that check. `layer_of[i]` (a
-    sequence or mapping; None entries allowed) adds `; layer NAME`. A stream that does not end with END gets
-    a last `; !` line."""
-    entries = decode_lenient(mc)
-    notes: dict[int, list[str]] = {}
-    if target is not None:
-        from .check import check_program
-        valid = [d for d in entries if d.instruction is not None]
-        # the executor stops at the first END: check up to it, as the machine would run it
-        for k, d in enumerate(valid):
-            if d.instruction.op == "END":
-                valid = valid[:k + 1]
-                break
-        if valid:
-            for p in check_program([d.instruction for d in valid], target, reg_sizes):
-                fld = f"{p.field}={p.value}: " if p.field is not None else ""
-                notes.setdefault(valid[p.index].index, []).append(f"{fld}{p.message}")
-    width = max(5, len(str(len(entries))))
-    lines = []
-    for d in entries:
-        if d.instruction is not None:
-            body = d.instruction.to_text()
-        else:
-            body = f"<invalid: {d.error}>" + (" [" + " ".join(f"0x{w:08X}" for w in d.words) + "]" if d.words else "")
-        parts = [f"{d.index:>{width}}  {body}"]
-        name = _layer_name(layer_of, d.index)
-        if name is not None:
-            parts.append(f"; layer {name}")
-        if d.note:
-            parts.append(f"; ! {d.note}")
-        parts += [f"; ! {m}" for m in notes.get(d.index, ())]
-        lines.append("  ".join(parts))
-    last = next((d for d in reversed(entries) if d.instruction is not None or d.words), None)
-    if last is None or last.instruction is None or last.instruction.op != "END":
-        lines.append(f"{'':>{width}}  ; ! stream of {len(entries)} instructions does not end with END")
-    return "".join(line + "\n" for line in lines)
-
-
-def _layer_name(layer_of, i: int) -> str | None:
-    if layer_of is None:
-        return None
-    try:
-        v = layer_of[i]
-    except (IndexError, KeyError):
-        return None
-    return None if v is None else str(v)
-
-
 def _as_words(mc) -> np.ndarray:
     if isinstance(mc, np.ndarray) and mc.dtype == np.uint32:
         return mc
@@ -266,11 +213,11 @@ def to_text(instrs: list[Instruction]) -> str:
 
 def parse_line(line: str, index: int | None = None) -> Instruction | None:
     """One assembly line -> Instruction (None for blank/comment/DUMP pseudo-op lines)."""
-    s = line.split(";", 1)[0].strip()          # `; layer …` / `; ! …` annotations of `disasm` are comments
+    s = line.split(";", 1)[0].strip()          # `; layer …` / `; ! …` annotations of `isa.disasm` are comments
     if not s or s.startswith("#"):
         return None
     tok = s.split()
-    if tok[0].isdigit():                        # the instruction index `disasm` prints first
+    if tok[0].isdigit():                        # the instruction index `isa.disasm` prints first
         tok = tok[1:]
         if not tok:
             return None

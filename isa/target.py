@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from .errors import OpenDpuError
+
 DPU_TYPE_DPUCZDX8G = 1
 ISA_VERSION = 1
 TYPE_NAMES = {1: "DPUCZDX8G", 2: "DPUCAHX8H", 3: "DPUCAHX8L", 4: "DPUCZDI4G", 5: "DPUCVDX8H",
@@ -137,7 +139,7 @@ class Timing:
         return dict(self.__dict__)
 
 
-class TargetError(ValueError):
+class TargetError(OpenDpuError, ValueError):
     """An unknown target name, an undecodable fingerprint or an unusable arch.json."""
 
 
@@ -286,10 +288,11 @@ class Target:
                 and 1 <= self.img_bg <= 3 and self.cv_wp in (1, 2, 4, 8) and self.alu_wp in (1, 2, 4, 8))
 
     def feature_code(self) -> int:
-        if not self.encodable():
+        ai = self.arch_index
+        if ai is None or not self.encodable():
             raise TargetError(f"target {self.name or self.describe()} cannot be described by a fingerprint "
                               f"(needs (PP,CP) in the ARCH table, bank_depth 2048, ALU_PP 1..15, IMG_BG 1..3)")
-        fc = self.arch_index | (self.alu_pp << 8) | (0x01 << 16) | (self.img_bg << 24)
+        fc = ai | (self.alu_pp << 8) | (0x01 << 16) | (self.img_bg << 24)
         fc |= (self.ld_augm << 26) | (self.ld_mean << 27) | (self.cv_lkrl << 28) | (self.dw_lkrl << 29)
         fc |= (self.argmax << 30)
         fc |= (self.cv_wp.bit_length() - 1) << 32

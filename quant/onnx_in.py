@@ -7,11 +7,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from opendpu.isa.errors import OpenDpuError
+
 MIN_OPSET = 13
 MAX_DIM = (1 << 31) - 1
 
 
-class QuantError(ValueError):
+class QuantError(OpenDpuError, ValueError):
     """Bad quantizer input or an unsupported model; the message names the file, op or tensor."""
 
 
@@ -84,7 +86,8 @@ def load_onnx(model, source: str | None = None):
 
 
 def torch_to_onnx(module, example_input, opset: int = 17):
-    """Export a PyTorch `nn.Module` (eval mode, batch 1) to ONNX with the TorchScript exporter (extra: torch==2.13.0)."""
+    """Export a PyTorch `nn.Module` (eval mode, batch 1) to ONNX with the TorchScript exporter
+    (extra: torch==2.13.0)."""
     try:
         import torch
     except ImportError:

@@ -480,7 +480,10 @@ class _Prep:
 
     def _eltwise(self, node: Node, typ: str) -> None:
         xs = [self.src(node, i) for i in node.inputs]
-        t, act, alpha, m = self.take_act(node.outputs[0], ("RELU",)) if typ == "ADD" else (node.outputs[0], "NONE", None, [])
+        if typ == "ADD":
+            t, act, _, m = self.take_act(node.outputs[0], ("RELU",))
+        else:
+            t, act, m = node.outputs[0], "NONE", []
         self.add(QNode(node.name, "eltwise", [x.name for x in xs], self.shape(t), {"type": typ}, act=act,
                        sources=[node.name] + m), t)
 

@@ -545,7 +545,7 @@ def cmd_cosim(a) -> int:
     """RTL vs cycle model on an xmodel's DPU subgraphs, or on random generated programs."""
     from opendpu.isa.target import get_target
     from opendpu.runtime.progress import progress_bar
-    from opendpu.sim.cosim import check_target_matches, cosim_programs, dump_waves, subgraph_program
+    from opendpu.runtime.cosim import check_target_matches, cosim_programs, dump_waves, subgraph_program
     if a.model and a.random:
         raise CliError(f"give either an xmodel ({a.model}) or --random N, not both")
     if not a.model and not a.random:
@@ -781,7 +781,8 @@ _EXAMPLES = {
     "profile": """examples:
   opendpu profile model.xmodel --trace t.json --plot p.png --csv layers.csv
   opendpu profile model.xmodel --timing ddr_latency=80 --clock-mhz 250""",
-    "sweep": "examples:\n  opendpu sweep model.xmodel --param ddr_bytes_per_cycle=8,16,32 --param clock_mhz=200,300 --csv s.csv",
+    "sweep": "examples:\n  opendpu sweep model.xmodel --param ddr_bytes_per_cycle=8,16,32 --param clock_mhz=200,300 "
+             "--csv s.csv",
     "cosim": """examples:
   opendpu cosim dpu_mnist_classifier.xmodel
   opendpu cosim --random 5 --target DPUCZDX8G_ISA1_B512 --instructions 100 --waves wave_dir""",
@@ -865,8 +866,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", metavar="P.json", help="write the profile as JSON")
     pr.add_argument("--csv", metavar="P.csv", help="write the DPU summary rows as CSV")
     pr.add_argument("--instructions", metavar="I.csv", help="write one CSV row per instruction")
-    pr.add_argument("--plot", metavar="P.png", help="write the figure: engine lanes with layer bands, per-layer cycles coloured by "
-                                                  "the bounding engine (.png/.svg/.pdf)")
+    pr.add_argument("--plot", metavar="P.png", help="write the figure: engine lanes with layer bands, per-layer "
+                                                  "cycles coloured by the bounding engine (.png/.svg/.pdf)")
     pr.add_argument("--txt", metavar="P.txt", help="also write the text summary to this file")
     plugin(pr)
     force(pr)
@@ -940,31 +941,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from opendpu.compiler.outdir import OutputError
     from opendpu.compiler.xir.graph import XModelError
-    from opendpu.hw.params import HwError
-    from opendpu.isa.program import IsaError
-    from opendpu.isa.target import TargetError
+    from opendpu.isa.errors import OpenDpuError
     from opendpu.runtime.dpu import RuntimeErrorDPU
-    from opendpu.runtime.ops import OpError
-    from opendpu.sim.executor import ExecError
-    from opendpu.sim.timing import DeadlockError, WatchdogError
     try:
         args = build_parser().parse_args(argv)
     except _UsageError as e:
         print(f"{e.prog}: error: {e}", file=sys.stderr)
         return 2
     _VERB[0] = f"opendpu {args.cmd}"
-    errors = (CliError, OutputError, XModelError, IsaError, TargetError, RuntimeErrorDPU, OpError, ExecError,
-              DeadlockError, WatchdogError, HwError)
-    if args.cmd in ("quantize", "inspect", "zoo"):
-        from opendpu.quant.onnx_in import QuantError
-        errors = errors + (QuantError,)
     try:
         return int(args.fn(args) or 0)
     except BrokenPipeError:
         return 0
-    except errors as e:
+    except OpenDpuError as e:                   # every package error (isa/errors.py)
         msg = " ".join(str(e).split("\n")).strip() or type(e).__name__
         model = getattr(args, "model", None)
         if isinstance(e, (XModelError, RuntimeErrorDPU)) and model and model not in msg:

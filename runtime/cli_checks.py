@@ -12,10 +12,11 @@ import zipfile
 
 import numpy as np
 
+from opendpu.isa.errors import OpenDpuError
 from opendpu.isa.target import TargetError, Timing
 
 
-class CliError(Exception):
+class CliError(OpenDpuError):
     """A user error the CLI reports as one line `opendpu VERB: error: ...` with exit code 2."""
 
 

@@ -1,4 +1,4 @@
-"""Disassembly of a DPU subgraph: `isa.program.disasm` with the subgraph's target, register sizes and the
+"""Disassembly of a DPU subgraph: `isa.disasm.disasm` with the subgraph's target, register sizes and the
 xmodel layer of every instruction.
 
 Layer names come from the profiler's attribution (runtime/profile.py: the layers are the child subgraphs in
@@ -9,7 +9,7 @@ CONVINIT, a deadlock), or whose mc_code does not decode, is listed without layer
 from __future__ import annotations
 
 from opendpu.compiler.xir.graph import Graph, Subgraph, XModelError
-from opendpu.isa.program import disasm
+from opendpu.isa.disasm import disasm
 from opendpu.isa.target import Target, TargetError
 from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU, _reg_map
 
@@ -46,7 +46,7 @@ def _fallback(sg: Subgraph) -> tuple[Target | None, dict[int, int] | None, bytes
 
 def disasm_subgraph(graph: Graph, subgraph: Subgraph | DpuSubgraph, header: bool = False) -> str:
     """Listing of one DPU subgraph (a Subgraph of `graph` or a DpuSubgraph): per instruction its index, its
-    assembly (or `<invalid: reason>`), `; layer NAME` and `; ! ...` static-check findings (isa.program.disasm).
+    assembly (or `<invalid: reason>`), `; layer NAME` and `; ! ...` static-check findings (isa.disasm.disasm).
     `header` adds a first line `# subgraph NAME (TARGET, N instructions)`."""
     if isinstance(subgraph, DpuSubgraph):
         dpu, sg = subgraph, subgraph.sg

@@ -17,11 +17,12 @@ from opendpu.compiler.xir import dpu_abi as abi
 from opendpu.compiler.xir.dpu_abi import MAX_DDR_BYTES, TensorSpec, image_strides, tensor_spec
 from opendpu.compiler.xir.graph import Graph, Op, Subgraph, XModelError
 from opendpu.isa.check import Problem, ProgramCheckError, check_program
+from opendpu.isa.errors import OpenDpuError
 from opendpu.isa.program import IsaError, ProgramArrays, decode, to_arrays
 from opendpu.isa.target import Target
 
 
-class RuntimeErrorDPU(RuntimeError):
+class RuntimeErrorDPU(OpenDpuError, RuntimeError):
     """A subgraph or tensor the runtime cannot use; the message names it."""
 
 
@@ -181,7 +182,7 @@ class DpuSubgraph:
         hw.harness.RtlResult)."""
         import os
         from opendpu.hw.harness import build, ddr_needed, run_jobs
-        from opendpu.sim.cosim import through_end, rtl_job, subgraph_program
+        from opendpu.runtime.cosim import through_end, rtl_job, subgraph_program
         from opendpu.sim.timing import simulate
         t = target or self.target
         self.validate(t)

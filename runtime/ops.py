@@ -12,11 +12,12 @@ from typing import Callable
 import numpy as np
 
 from opendpu.compiler.xir.graph import Graph, Op, XModelError
+from opendpu.isa.errors import OpenDpuError
 
 _REGISTRY: dict[str, Callable[[Op, list[np.ndarray]], np.ndarray]] = {}
 
 
-class OpError(RuntimeError):
+class OpError(OpenDpuError, RuntimeError):
     """An op the runtime cannot evaluate; the message names the op and what to do."""
 
 

@@ -24,9 +24,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from opendpu.sim.timing import ENGINES
+from opendpu.isa.fields import Engine
 
-ENGINE_COLORS = {"LOAD": "#1f77b4", "SAVE": "#ff7f0e", "CONV": "#2ca02c", "MISC": "#d62728"}
+ENGINE_COLORS = {"LOAD": "#1f77b4", "SAVE": "#ff7f0e", "CONV": "#2ca02c", "MISC": "#d62728"}   # by Engine name
 BAND_SHADES = ("#c6d3e3", "#e9eef4")       # layer strip, even / odd layers
 BACK_SHADE = "#eef1f5"                      # behind the lanes, even layers (odd ones stay white)
 DPI = 110
@@ -163,17 +163,18 @@ def _panel_set(fig: Figure, k: int, sp, box, y: float, h: dict) -> None:
         strip.broken_barh(xr, (0, 1), facecolors=BAND_SHADES[li % 2], edgecolors="white", linewidths=0.5,
                           gid=f"layer-band:{li}")
         if li % 2 == 0:
-            lanes.broken_barh(xr, (-0.5, len(ENGINES)), facecolors=BACK_SHADE, linewidths=0, zorder=0,
+            lanes.broken_barh(xr, (-0.5, len(Engine)), facecolors=BACK_SHADE, linewidths=0, zorder=0,
                               gid=f"layer-shade:{li}")
     busy = s.engine_busy()
-    for e, name in enumerate(ENGINES):
+    for e in Engine:
+        name = e.name
         m = s.engine == e
         iv = _merged(s.start[m], s.end[m])
         lanes.broken_barh(list(zip(iv[:, 0] / per, iv[:, 1] / per)), (e - 0.36, 0.72),
                           facecolors=ENGINE_COLORS[name], linewidths=0, zorder=2, gid=f"lane:{name}")
-    lanes.set_ylim(len(ENGINES) - 0.5, -0.5)
-    lanes.set_yticks(range(len(ENGINES)),
-                     [f"{n}  {100 * busy[n] / total:.0f}% busy" for n in ENGINES], fontsize=8.5)
+    lanes.set_ylim(len(Engine) - 0.5, -0.5)
+    lanes.set_yticks(range(len(Engine)),
+                     [f"{e.name}  {100 * busy[e.name] / total:.0f}% busy" for e in Engine], fontsize=8.5)
     lanes.set_xlim(0, total / per)
     lanes.set_xlabel(f"time ({unit}) from ap_start; shading: the spans of the layers in the strip above",
                      fontsize=8.5)
@@ -239,8 +240,9 @@ def _layer_bars(ax, sp, short: list[str], per: float, unit: str) -> None:
                   fontsize=8.5)
     ax.set_title("time per layer, in execution order, coloured by the layer's bounding engine (the engine "
                  "busy for most cycles of the layer's span)", fontsize=8.5, loc="left")
-    counts = {n: sum(1 for b in bound if b == n) for n in ENGINES}
-    handles = [Patch(facecolor=ENGINE_COLORS[n], label=f"{n}: {counts[n]} layer(s)") for n in ENGINES]
+    names = [e.name for e in Engine]
+    counts = {n: sum(1 for b in bound if b == n) for n in names}
+    handles = [Patch(facecolor=ENGINE_COLORS[n], label=f"{n}: {counts[n]} layer(s)") for n in names]
     ax.legend(handles=handles, title="bounding engine", loc="upper left", bbox_to_anchor=(1.01, 1.0),
               borderaxespad=0.0, fontsize=8, title_fontsize=8.5, frameon=False)
 

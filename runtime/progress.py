@@ -2,7 +2,7 @@
 
 The protocol is `progress(done: int, total: int, what: str)`, with None meaning "silent". Functions that
 take minutes accept it as an optional `progress=` keyword: `hw.harness.build` (stages),
-`hw.harness.run_jobs` (jobs and simulated cycles), `sim.cosim.cosim_programs` (its stages in turn, `what`
+`hw.harness.run_jobs` (jobs and simulated cycles), `runtime.cosim.cosim_programs` (its stages in turn, `what`
 prefixed by the stage name; `total` changes with the stage) and `sim.sweep.sweep` (points).
 
     with progress_bar("cosim") as cb:

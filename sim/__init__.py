@@ -49,7 +49,7 @@ def warm_kernels(log=None) -> float:
     from opendpu.isa.target import get_target
     from .timing import simulate
 
-    compiled = []
+    compiled: list[bool] = []
 
     class _OnCompile(event.Listener):
         def on_start(self, ev):

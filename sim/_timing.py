@@ -11,14 +11,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from opendpu.isa.fields import FIELD_INDEX, OPS
+from opendpu.isa.fields import FIELD_INDEX, OPS, Engine
 from . import _kernels as K
 
-ENGINE_OF_OP = np.array([o.engine for o in OPS], np.int64)
+ENGINE_OF_OP = np.array([int(o.engine) for o in OPS], np.int64)
 WORDS_OF_OP = np.array([o.words for o in OPS], np.int64)
 SV_HP = FIELD_INDEX["SAVE"]["hp_id"]
-NENG = 4
-LOAD_E, SAVE_E, CONV_E, MISC_E = 0, 1, 2, 3
+# Numba takes plain ints, not the enum: the engine count and the SAVE engine's number as int globals
+NENG = len(Engine)
+SAVE_E = int(Engine.SAVE)
 
 # timing parameter vector (filled from isa.target.Timing by sim/timing.py)
 (TM_FETCH_LAT, TM_FIFO, TM_QUEUE, TM_DDR_LAT, TM_DDR_BPC, TM_PORTS, TM_LD_SETUP, TM_SV_SETUP, TM_CONV_LAT,

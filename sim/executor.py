@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from opendpu.isa.errors import OpenDpuError
 from opendpu.isa.fields import FIELDS, MAX_FIELDS, OPS
 from opendpu.isa import check as _check
 from opendpu.isa.check import location, problem_message
@@ -26,7 +27,7 @@ NUM_REGS = _check.NUM_REGS
 _REG_ALIGN = 4096
 
 
-class ExecError(RuntimeError):
+class ExecError(OpenDpuError, RuntimeError):
     """An instruction that the simulator would reject (spec §6, §9.17).
 
     Attributes: `index` (instruction index), `op` (mnemonic), `field` (field name or None),

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import itertools
 
+from opendpu.isa.fields import Engine
 from opendpu.isa.target import Target, Timing
 
-from .timing import ENGINES, simulate
+from .timing import simulate
 
 SWEEP_COLUMNS = ("point", "total_cycles", "latency_ms", "fps", "ddr_read_bytes", "ddr_write_bytes") + tuple(
-    f"busy_{e.lower()}" for e in ENGINES)
+    f"busy_{e.name.lower()}" for e in Engine)
 
 
 def parse_axis(spec: str) -> tuple[str, list]:
@@ -51,7 +52,7 @@ def sweep(programs, target: Target, axes: dict[str, list], progress=None) -> lis
             progress(i, len(points), ";".join(f"{n}={v}" for n, v in point.items()))
         t = target.with_timing(**point)
         cyc = rd = wr = 0
-        busy = dict.fromkeys(ENGINES, 0)
+        busy = dict.fromkeys((e.name for e in Engine), 0)
         ms = 0.0
         for p in programs:
             s = simulate(p, t)

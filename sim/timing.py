@@ -13,18 +13,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from opendpu.isa.fields import ENGINE_NAMES, OPS
+from opendpu.isa.errors import OpenDpuError
+from opendpu.isa.fields import OPS, Engine
 from opendpu.isa.program import Instruction, OP_INDEX, ProgramArrays, to_arrays
 from opendpu.isa.target import Target
 
 from . import _timing as T
 from .executor import DpuMachine, ExecError, _target_params, checked_arrays
 
-ENGINES = ENGINE_NAMES            # ("LOAD", "SAVE", "CONV", "MISC"), spec §5.1
 _END = OP_INDEX["END"]
 
 
-class DeadlockError(RuntimeError):
+class DeadlockError(OpenDpuError, RuntimeError):
     """No engine can make progress: every non-empty queue waits for a token that cannot come."""
 
     def __init__(self, msg: str, blocked: list[dict], schedule: "Schedule"):
@@ -33,7 +33,7 @@ class DeadlockError(RuntimeError):
         self.schedule = schedule
 
 
-class WatchdogError(RuntimeError):
+class WatchdogError(OpenDpuError, RuntimeError):
     """The run exceeded Timing.watchdog_cycles."""
 
 
@@ -105,17 +105,17 @@ class Schedule:
     def engine_busy(self) -> dict[str, int]:
         """Cycles in which each engine executes at least one instruction (union of [start, end))."""
         out = {}
-        for e, name in enumerate(ENGINES):
+        for e in Engine:
             m = self.engine == e
-            out[name] = _union_length(self.start[m], self.end[m])
+            out[e.name] = _union_length(self.start[m], self.end[m])
         return out
 
     def engine_stalls(self) -> dict[str, dict[str, int]]:
         """Per engine: cycles its instructions waited for tokens / DDR ports; dispatch waits on a full queue."""
         out = {}
-        for e, name in enumerate(ENGINES):
+        for e in Engine:
             m = self.engine == e
-            out[name] = dict(token=int(self.stall_token[m].sum()), ddr=int(self.stall_ddr[m].sum()),
+            out[e.name] = dict(token=int(self.stall_token[m].sum()), ddr=int(self.stall_ddr[m].sum()),
                              queue_full=int(self.stall_queue[m].sum()), instructions=int(m.sum()))
         return out
 
@@ -135,10 +135,10 @@ class Schedule:
         """Host register map after the run (spec §2.7): per-engine START/END = instructions started /
         completed by that engine (our decision, docs/decisions.md), EXEC_CYCLE = total cycles (64 bit)."""
         out = {}
-        for e, short in zip(range(4), "LSCM"):
+        for e in Engine:                                # LSTART, LEND, SSTART, ... CEND, MSTART, MEND
             m = self.engine == e
-            out[f"{short}START"] = int(m.sum())
-            out[f"{short}END"] = int(m.sum())
+            out[f"{e.name[0]}START"] = int(m.sum())
+            out[f"{e.name[0]}END"] = int(m.sum())
         cyc = self.total_cycles
         out["EXEC_CYCLE_LO"] = cyc & 0xFFFFFFFF
         out["EXEC_CYCLE_HI"] = cyc >> 32
@@ -156,7 +156,7 @@ class Schedule:
         """One row per instruction, stable column names (CSV)."""
         rows = []
         for i in range(len(self)):
-            rows.append(dict(index=i, op=OPS[int(self.op[i])].mnemonic, engine=ENGINES[int(self.engine[i])],
+            rows.append(dict(index=i, op=OPS[int(self.op[i])].mnemonic, engine=Engine(int(self.engine[i])).name,
                              fetch=int(self.fetch[i]), dispatch=int(self.dispatch[i]), start=int(self.start[i]),
                              end=int(self.end[i]), retire=int(self.retire[i]), cost=int(self.cost[i]),
                              stall_token=int(self.stall_token[i]), stall_queue=int(self.stall_queue[i]),
@@ -216,8 +216,8 @@ def simulate(program, target: Target, machine: DpuMachine | None = None) -> Sche
     by = np.ascontiguousarray(prog.dpdby[:n], dtype=np.int64)
     arrs = [np.zeros(n, np.int64) for _ in range(8)]
     info = np.zeros(8, np.int64)
-    tok = np.zeros((2, 4, 4), np.int64)
-    src = np.full((n, 4), -1, np.int64)
+    tok = np.zeros((2, T.NENG, T.NENG), np.int64)
+    src = np.full((n, T.NENG), -1, np.int64)
     status = T.schedule(eng, on, by, words, cost, port, n, tm, *arrs, info, tok, src)
     fetch, disp, start, end, ret, st_tok, st_q, st_ddr = arrs
     sched = Schedule(target, op[:n].copy(), eng, cost, fetch, disp, start, end, ret, st_tok, st_q, st_ddr,
@@ -245,28 +245,29 @@ def _execute_in_start_order(machine: DpuMachine, prog: ProgramArrays, sched: Sch
 def _deadlock(sched: Schedule, info, tok, dpdon, tm) -> DeadlockError:
     nd, nsched = int(info[0]), int(info[5])
     blocked, parts = [], []
-    for e, name in enumerate(ENGINES):
+    for e in Engine:
+        name = e.name
         h = int(info[1 + e])
         if h < 0 or h >= nd:
             continue
         waits = []
-        for p in range(4):
+        for p in Engine:
             if p != e and (int(dpdon[h]) >> p) & 1 and tok[1, p, e] <= tok[0, p, e]:
-                waits.append(dict(producer=ENGINES[p], token=int(tok[0, p, e]) + 1, signalled=int(tok[1, p, e])))
+                waits.append(dict(producer=p.name, token=int(tok[0, p, e]) + 1, signalled=int(tok[1, p, e])))
         mn = OPS[int(sched.op[h])].mnemonic
         blocked.append(dict(index=h, op=mn, engine=name, waits=waits))
         w = "; ".join(f"token #{x['token']} {x['producer']}->{name} (only {x['signalled']} signalled)"
                       for x in waits)
         parts.append(f"instruction {h} ({mn}) at the head of the {name} queue waits for {w}")
     if nd < len(sched.op):
-        e = int(sched.engine[nd])
+        en = Engine(int(sched.engine[nd])).name
         mn = OPS[int(sched.op[nd])].mnemonic
-        blocked.append(dict(index=nd, op=mn, engine=ENGINES[e], waits=[], queue_full=True))
-        parts.append(f"dispatch is stuck at instruction {nd} ({mn}): the {ENGINES[e]} queue is full "
+        blocked.append(dict(index=nd, op=mn, engine=en, waits=[], queue_full=True))
+        parts.append(f"dispatch is stuck at instruction {nd} ({mn}): the {en} queue is full "
                      f"(depth {int(tm[T.TM_QUEUE])})")
     msg = (f"deadlock: {nsched} of {len(sched.op)} instructions started, then no engine can proceed: "
            + "; ".join(parts))
     return DeadlockError(msg, blocked, sched)
 
 
-__all__ = ["simulate", "Schedule", "DeadlockError", "WatchdogError", "ENGINES", "timing_vector"]
+__all__ = ["simulate", "Schedule", "DeadlockError", "WatchdogError", "timing_vector"]

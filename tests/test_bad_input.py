@@ -483,8 +483,9 @@ class ComputationStarted(BaseException):
 COMPUTE = (("opendpu.runtime.runner", "Runner._run"), ("opendpu.runtime.runner", "Runner.run_layers"),
            ("opendpu.runtime.runner", "GraphRunner._run_flat"), ("opendpu.runtime.dpu", "DpuSubgraph.run_sim"),
            ("opendpu.runtime.dpu", "DpuSubgraph.run_ref"), ("opendpu.runtime.dpu", "DpuSubgraph.run_rtl"),
-           ("opendpu.runtime.layers", "run_tracked"), ("opendpu.runtime.profile", "profile_graph"), ("opendpu.sim.sweep", "sweep"),
-           ("opendpu.sim.cosim", "cosim_programs"), ("opendpu.sim", "warm_kernels"), ("opendpu.quant.quantize", "_calibrate"),
+           ("opendpu.runtime.layers", "run_tracked"), ("opendpu.runtime.profile", "profile_graph"),
+           ("opendpu.sim.sweep", "sweep"), ("opendpu.runtime.cosim", "cosim_programs"), ("opendpu.sim", "warm_kernels"),
+           ("opendpu.quant.quantize", "_calibrate"),
            ("opendpu.quant.quantize", "_weights"), ("opendpu.quant.quantize", "QuantResult.evaluate"),
            ("opendpu.quant.inspect", "op_descs"), ("opendpu.quant.zoo", "summary"), ("opendpu.quant.zoo", "build"))
 
@@ -950,7 +951,8 @@ for _name, (_how, _must) in HOSTILE.items():
 
 ONNX_CASES = [Case(f"{v}_{name}", MODEL_VERBS[v].replace("{model}", f"{{ho_{name}}}"), must=must)
               for name, (_, must) in HOSTILE_ONNX.items() for v in ("quantize", "inspect")]
-ONNX_CASES += [Case("quantize_two_inputs", "quantize {ho_two_inputs} --calib {calib}", must=["two_inputs.onnx", "2 inputs"])]
+ONNX_CASES += [Case("quantize_two_inputs", "quantize {ho_two_inputs} --calib {calib}",
+                    must=["two_inputs.onnx", "2 inputs"])]
 
 # ---- K. hostile arch.json -----------------------------------------------------------------------------------------
 ARCHS = [Case(f"check_arch_{k}", "check {mnist} --target {arch_%s}" % k, must=[f"{k}.json"] + ARCH_MUST[k])
@@ -1091,7 +1093,8 @@ def test_every_truncation_and_hostile_file_is_an_xmodel_error(ws):
 
 
 # ---- L. a program that reads past the end of its DDR register: the same refusal on every backend --------------------
-RTL_SENTINELS = (("opendpu.hw.harness", "build"), ("opendpu.hw.harness", "run_jobs"), ("opendpu.sim.cosim", "cosim_programs"))
+RTL_SENTINELS = (("opendpu.hw.harness", "build"), ("opendpu.hw.harness", "run_jobs"),
+                 ("opendpu.runtime.cosim", "cosim_programs"))
 OOB = {
     "run_rtl": ("run {oob} -i {x} --backend rtl", RTL_SENTINELS),
     "profile": ("profile {oob}", True),
@@ -1208,7 +1211,7 @@ def test_misbehaving_custom_op(ws, kind, monkeypatch, capsys, tmp_path):
     from opendpu.runtime.ops import unregister_op
     body, must = PLUGINS[kind]
     plug = tmp_path / f"plugin_{kind}.py"
-    plug.write_text("from runtime import register_op\n" + body + "register_op('Mylayer', f)\n")
+    plug.write_text("from opendpu.runtime import register_op\n" + body + "register_op('Mylayer', f)\n")
     try:
         r = run_cli(ws, ["run", ws.p["tf2"], "--backend", "ref", "-i", ws.p["x"], "--op-plugin", str(plug)],
                     monkeypatch, capsys, sentinels=False)

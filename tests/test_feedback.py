@@ -249,7 +249,7 @@ def test_progress_bar_modes():
 def test_cosim_progress_stages():
     """cosim_programs reports its stages in order, each ending with done == total, and the results are
     the same as without a callback (the build is the one of tests/test_hw_core.py for SMALL)."""
-    from opendpu.sim.cosim import cosim_programs
+    from opendpu.runtime.cosim import cosim_programs
     progs = []
     for s in range(3):
         g = random_program(SMALL, 25, seed=s)
@@ -271,7 +271,7 @@ def test_bench_progress_file(tmp_path):
     """The generated bench's +progress plusarg: the file holds the job index and the last multiple of
     +progress_every cycles the job ran (the SMALL build of the test above, cached)."""
     from opendpu.hw.harness import build, ddr_needed, run_jobs
-    from opendpu.sim.cosim import rtl_job, through_end
+    from opendpu.runtime.cosim import rtl_job, through_end
     from opendpu.sim.timing import simulate
     g = random_program(SMALL, 25, seed=1)
     instrs = through_end(g.instructions)

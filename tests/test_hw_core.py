@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from opendpu.isa.target import PRESETS, Target, get_target
-from opendpu.sim.cosim import cosim_programs, initial_machine
+from opendpu.runtime.cosim import cosim_programs, initial_machine
 from opendpu.sim.progen import random_program
 
 SMALL = Target.parametric(pp=2, cp=4, alu_pp=2, bank_depth=256)
@@ -62,7 +62,7 @@ def test_mismatch_names_first_diverging_instruction():
     progs = _programs(SMALL, [7])
     from opendpu.hw.harness import build, ddr_needed, run_jobs
     from opendpu.isa.program import to_arrays
-    from opendpu.sim.cosim import compare, rtl_job, through_end
+    from opendpu.runtime.cosim import compare, rtl_job, through_end
     from opendpu.sim.timing import simulate
     name, instrs, sizes, init = progs[0]
     instrs = through_end(instrs)
@@ -100,7 +100,7 @@ def test_mnist_on_b4096_rtl(mnist_path):
     """The real MNIST xmodel: RTL output == sim == ref, total and every retire cycle == cycle model."""
     from opendpu.compiler.xir.graph import load as load_xmodel
     from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
-    from opendpu.sim.cosim import subgraph_program
+    from opendpu.runtime.cosim import subgraph_program
     g = load_xmodel(mnist_path)
     sgs = dpu_subgraphs(g)
     assert len(sgs) == 1
@@ -149,7 +149,7 @@ def test_yolox_nano_b512_whole_on_rtl():
     import time
     from opendpu.compiler.xir.graph import load as load_xmodel
     from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
-    from opendpu.sim.cosim import subgraph_program
+    from opendpu.runtime.cosim import subgraph_program
     from conftest import model_path
     g = load_xmodel(model_path("yolox_nano_b512"))
     rng = np.random.default_rng(11)

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from opendpu.compiler.xir.graph import Graph
 from opendpu.isa.fields import BY_NAME, FIELDS, OPS
-from opendpu.isa.program import (IsaError, Instruction, decode, decode_lenient, disasm, encode, from_text, parse_line,
+from opendpu.isa.disasm import disasm
+from opendpu.isa.program import (IsaError, Instruction, decode, decode_lenient, encode, from_text, parse_line,
                          to_text)
 from tests.conftest import MODEL_NAMES, model_path
 

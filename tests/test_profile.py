@@ -12,9 +12,12 @@ from opendpu.runtime.cli import main
 from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
 from opendpu.runtime.plots import ENGINE_COLORS, short_layer_names
 from opendpu.runtime.profile import COLUMNS, PLOT_FORMATS, TOTAL_SUFFIX, profile_graph
-from opendpu.sim.timing import ENGINES, simulate
+from opendpu.isa.fields import Engine
+from opendpu.sim.timing import simulate
 
 from conftest import MODEL_NAMES, model_path
+
+ENGINES = tuple(e.name for e in Engine)     # engine names in numbering order
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +57,8 @@ def test_mnist_profile_rows_sum_and_bytes(mnist_profile):
 def test_mnist_table_and_files(mnist_profile, tmp_path):
     p = mnist_profile
     t = p.table()
-    assert "DPU Id | Bat | SubGraph | WL(GOP) | RT(ms) | Perf(GOP/s) | LdWB(MB) | LdFM(MB) | StFM(MB) | AvgBw(MB/s)" in t
+    assert ("DPU Id | Bat | SubGraph | WL(GOP) | RT(ms) | Perf(GOP/s) | LdWB(MB) | LdFM(MB) | StFM(MB) | "
+            "AvgBw(MB/s)") in t
     body = [ln for ln in t.splitlines() if ln.startswith("DPUCZDX8G_1 | 1 | ")]
     assert len(body) == 4
     assert "~0~" in t                                   # tiny values print as vaitrace does

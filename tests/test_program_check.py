@@ -1,5 +1,5 @@
 """Static program check (isa/check.py), its use by the runtime (DpuSubgraph.validate) and the disasm
-listing (isa.program.disasm, runtime.disasm.disasm_subgraph).
+listing (isa.disasm.disasm, runtime.disasm.disasm_subgraph).
 
 The check must agree with the functional executor: on mutated valid programs it reports a problem iff
 `DpuMachine.run` raises ExecError, and its first problem is that error (index, field, value, kind, text).
@@ -14,12 +14,11 @@ import pytest
 
 from opendpu.compiler.xir.graph import Graph
 from helpers import ins
-from opendpu.isa.check import (KIND_NAMES, MAX_TILE, E_ALU_1X1, E_ARGMAX_CH, E_ARGMAX_TARGET, E_DDR_READ,
-                       E_DDR_WRITE, E_ELEW_ID, E_JUMP_BANK, E_KERNEL, E_LEGACY, E_NOINIT, E_PAD_END,
-                       E_PAD_START, E_STRIDE, E_TOO_BIG, Problem, ProgramCheckError, check_program,
+from opendpu.isa.check import (KIND_NAMES, E_DDR_READ, E_DDR_WRITE, E_NOINIT, ProgramCheckError, check_program,
                        validate_program)
 from opendpu.isa.fields import FIELD_INDEX, FIELDS, OPS
-from opendpu.isa.program import (IsaError, OP_INDEX, ProgramArrays, decode, decode_lenient, disasm, encode, from_text,
+from opendpu.isa.disasm import disasm
+from opendpu.isa.program import (IsaError, OP_INDEX, ProgramArrays, decode, decode_lenient, encode, from_text,
                          to_arrays, to_text)
 from opendpu.isa.target import Target
 from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs

@@ -1,5 +1,4 @@
 """Runners and CLI on the real xmodels: sim (instruction executor) vs ref (XIR reference), bit for bit."""
-import copy
 import os
 import subprocess
 import sys

@@ -24,9 +24,11 @@ With ``count_include_pad`` false the divisor is the number of real input element
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from opendpu.compiler.ref.ops import (
+from ._common import (
     RefError,  # noqa: F401  (re-exported for callers of this module)
     _Ctx,
     _conv_acc_chunks,
@@ -263,7 +265,7 @@ def _pool_float(ctx: _Ctx, typ: str) -> np.ndarray:
         xp = _fit_window(ctx, x, (oh, ow), (kh, kw), (sh, sw), (1, 1), (pt, pb, pl, pr), -np.inf)
     else:
         xp = _fit_window(ctx, x, (oh, ow), (kh, kw), (sh, sw), (1, 1), (pt, pb, pl, pr), 0.0)
-    acc = None
+    acc: Any = None                             # the first window's copy, then the running max / sum
     for ky in range(kh):
         for kx in range(kw):
             sl = xp[:, ky:ky + (oh - 1) * sh + 1:sh, kx:kx + (ow - 1) * sw + 1:sw, :]

@@ -16,6 +16,8 @@ import numpy as np
 
 from google.protobuf.message import DecodeError
 
+from opendpu.isa.errors import OpenDpuError
+
 from . import xir_pb2 as pb
 
 # Tensor.data_type codes (spec §8.1).
@@ -23,7 +25,7 @@ DATA_TYPES = {0: "INT", 1: "UINT", 2: "XINT", 3: "XUINT", 4: "FLOAT", 5: "BFLOAT
 DATA_TYPE_CODES = {v: k for k, v in DATA_TYPES.items()}
 
 
-class XModelError(ValueError):
+class XModelError(OpenDpuError, ValueError):
     """A file that is not a readable xmodel, or a graph that breaks the XIR rules."""
 
 
@@ -165,7 +167,7 @@ def py_to_attr(kind: str, value: Any, out: pb.AttrValue) -> None:
 class Attrs(OrderedDict):
     """Attribute dict that remembers the AttrValue case of each entry for faithful write-back."""
 
-    def __init__(self, *a, **kw):
+    def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.kinds: dict[str, str] = {}
 
@@ -510,13 +512,14 @@ class Graph:
         for c in kids:
             for n in c.all_ops():
                 owner[n] = c.name
-        deps = {c.name: set() for c in kids}
+        deps: dict[str, set[str]] = {c.name: set() for c in kids}
         for c in kids:
             for n in c.all_ops():
                 for p in self.ops[n].input_ops():
                     if owner.get(p) not in (None, c.name):
                         deps[c.name].add(owner[p])
-        out, done = [], set()
+        out = []
+        done: set[str] = set()
         pending = list(kids)
         while pending:
             progress = False
@@ -568,7 +571,7 @@ class Graph:
             t = n.output_tensor
             tensor = Tensor(t.tensor_name, list(t.tensor_dim), t.data_type, t.tensor_bit_width,
                             Attrs.from_proto(t.tensor_attr))
-            ins = OrderedDict()
+            ins: OrderedDict[str, list[str]] = OrderedDict()
             for a in n.args:
                 ins.setdefault(a.arg_name, []).extend(a.arg_ops)
             if n.op_name in graph.ops:

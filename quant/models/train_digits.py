@@ -1,5 +1,6 @@
-"""Train the small load_digits CNN used as the quantizer's accuracy benchmark and export it as float ONNX (opset 17)
-with Conv and BatchNormalization kept as separate nodes. Run: python -m opendpu.quant.models.train_digits [--out PATH]."""
+"""Train the small load_digits CNN used as the quantizer's accuracy benchmark and export it as float ONNX
+(opset 17) with Conv and BatchNormalization kept as separate nodes.
+Run: python -m opendpu.quant.models.train_digits [--out PATH]."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ start, end and retire cycle of each instruction, the total cycle count, the host
 DDR image. The RTL runs the program from the same initial DDR image (banks start at zero in both). Any
 difference is a `Mismatch`; the report names the first diverging instruction (earliest in time) with
 both values, and the first differing byte of each DDR register with the SAVEs that wrote it.
+It lives in runtime, the one layer that may use both sim and hw (tests/test_layering.py).
 """
 from __future__ import annotations
 
@@ -14,12 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from opendpu.isa.fields import ENGINE_NAMES, OPS
+from opendpu.isa.fields import OPS
 from opendpu.isa.program import encode, to_arrays
 from opendpu.isa.target import Target, TargetError, get_target
-
-from .executor import DpuMachine
-from .timing import simulate
+from opendpu.sim.executor import DpuMachine
+from opendpu.sim.timing import simulate
 
 
 @dataclass
@@ -90,7 +90,7 @@ def compare(name, target, instrs, sched, machine, res, backend="verilator") -> C
             cyc_mm.append((int(min(mod[k], rtl[k])), int(k), what, int(mod[k]), int(rtl[k])))
     cyc_mm.sort()
     for c, k, what, a, b in cyc_mm:
-        eng = ENGINE_NAMES[OPS[int(sched.op[k])].engine]
+        eng = OPS[int(sched.op[k])].engine.name
         mm.append(Mismatch(what, f"instruction {k} ({_op(instrs, k)}, {eng} engine): {what} cycle RTL {b} "
                                  f"!= cycle model {a}", k, c))
     if res.cycles != sched.total_cycles and res.status == "done":
