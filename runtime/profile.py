@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from opendpu.compiler.fixpoint import conv_shifts
 from opendpu.compiler.xir.graph import Graph
-from opendpu.isa.fields import FIELD_INDEX, OPS
+from opendpu.isa.fields import FIELD_INDEX, OPS, Engine
 from opendpu.isa.program import OP_INDEX
 from opendpu.isa.target import Target
 from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU, dpu_subgraphs
-from opendpu.sim.timing import ENGINES, Schedule, simulate
+from opendpu.sim.timing import Schedule, simulate
 
 PLOT_FORMATS = ("png", "svg", "pdf")    # figure formats of Profile.plot (the file suffix chooses)
 MB = float(1 << 20)        # vaitrace MB (LdWB of a 3x3x512x512 conv prints 2.250)
@@ -48,7 +49,7 @@ _CONV, _CONVINIT, _ALU, _ALUINIT, _ELEW = (OP_INDEX[n] for n in ("CONV", "CONVIN
 _LOAD, _SAVE, _END = OP_INDEX["LOAD"], OP_INDEX["SAVE"], OP_INDEX["END"]
 _ELEWINIT_ = OP_INDEX["ELEWINIT"]
 _FI = FIELD_INDEX
-_PRIORITY = (2, 3, 0, 1)   # CONV, MISC, LOAD, SAVE
+_PRIORITY = (Engine.CONV, Engine.MISC, Engine.LOAD, Engine.SAVE)   # charging order, also ties
 
 
 @dataclass
@@ -94,13 +95,13 @@ class SubgraphProfile:
         return self.runs[self.runs[:, 0] == layer, 1:]
 
     def layer_engine_busy(self) -> np.ndarray:
-        """[layers, 4] cycles of each layer's span in which each engine (ENGINES order) executes at least
+        """[layers, 4] cycles of each layer's span in which each engine (Engine order) executes at least
         one instruction, of any layer."""
         s = self.schedule
-        out = np.zeros((len(self.layers), len(ENGINES)), np.int64)
+        out = np.zeros((len(self.layers), len(Engine)), np.int64)
         if not len(self.runs):
             return out
-        for e in range(len(ENGINES)):
+        for e in Engine:
             m = s.engine == e
             out[:, e] = np.bincount(self.runs[:, 0], weights=_busy_within(s.start[m], s.end[m], self.runs[:, 1],
                                                                           self.runs[:, 2]),
@@ -118,7 +119,7 @@ class SubgraphProfile:
     def bounding_engine(self) -> str | None:
         """The bounding engine of the whole run (its span is [0, total_cycles))."""
         busy = self.schedule.engine_busy()
-        return _bound(np.array([busy[n] for n in ENGINES])) if self.cycles else None
+        return _bound(np.array([busy[e.name] for e in Engine])) if self.cycles else None
 
     def attribution_quality(self) -> dict:
         """Compute ops whose attributed instructions write between 1x and 1.1x their (channel-padded)
@@ -136,7 +137,7 @@ class SubgraphProfile:
 
 def _bound(busy: np.ndarray) -> str:
     best = max(_PRIORITY, key=lambda e: (busy[e], -_PRIORITY.index(e)))
-    return ENGINES[best]
+    return best.name
 
 
 def _busy_within(s: np.ndarray, e: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -284,14 +285,14 @@ class Profile:
             s = sp.schedule
             us = 1.0 / s.clock_mhz
             ev.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"DPU {sp.name}"}})
-            for e, name in enumerate(ENGINES):
-                ev.append({"ph": "M", "pid": pid, "tid": e + 1, "name": "thread_name", "args": {"name": name}})
+            for e in Engine:
+                ev.append({"ph": "M", "pid": pid, "tid": e + 1, "name": "thread_name", "args": {"name": e.name}})
                 ev.append({"ph": "M", "pid": pid, "tid": e + 1, "name": "thread_sort_index",
                            "args": {"sort_index": e}})
             for i in range(len(s)):
                 e = int(s.engine[i])
                 tid = e + 1
-                if e == 1 and s.port[i] > 0:        # overlapping SAVEs of port 1 on their own track
+                if e == Engine.SAVE and s.port[i] > 0:        # overlapping SAVEs of port 1 on their own track
                     tid = 5
                 ev.append({"ph": "X", "pid": pid, "tid": tid, "name": OPS[int(s.op[i])].mnemonic,
                            "ts": t0 + float(s.start[i]) * us, "dur": float(s.end[i] - s.start[i]) * us,
@@ -376,7 +377,8 @@ def _fix(g: Graph, op, arg: str):
 
 def _signature(g: Graph, op, kind: int):
     """Fields an INIT must carry for `op` (spec §7.2-7.5), or None when not derivable: conv-like ops
-    (CONVINIT / ALUINIT dwconv) -> (shift_cut, shift_bias); eltwise/upsample -> (num,)."""
+    (CONVINIT / ALUINIT dwconv) -> (shift_cut, shift_bias) as encoded (compiler.fixpoint, unchecked: an
+    out-of-range layer simply matches no INIT); eltwise/upsample -> (num,)."""
     if kind == 2:
         return (len(op.input_ops()),) if op.type.startswith("eltwise") else (1,)
     if op.type.startswith("pool") or "sigmoid" in op.type or "relu" in op.type:
@@ -384,9 +386,7 @@ def _signature(g: Graph, op, kind: int):
     fi, fw, fb, fo = _fix(g, op, "input"), _fix(g, op, "weights"), _fix(g, op, "bias"), op.output.fix_point
     if None in (fi, fw, fo):
         return None
-    sc = fi + fw - fo
-    sb = max(0, fi + fw - fb + 1) if fb is not None else None
-    return (sc, sb)
+    return conv_shifts(fi, fw, fo, fb, check=False)
 
 
 def _attribute(dpu: DpuSubgraph, s: Schedule, layers: list[Layer]) -> np.ndarray:
