@@ -9,10 +9,10 @@ LOAD/SAVE inside its DDR register, and carry dpdon/dpdby tokens (spec §5.2) tha
   gives the program-order result.
 `break_tokens` derives programs that must deadlock ("starve", "cycle").
 
-Footprints are coarse and conservative: bank lines in chunks of 16 lines per bank (the OCP CONVW banks
-share one line space, since CONV reads all of them at the same lines), DDR bytes of the workspace
-register in chunks of 64 bytes. Tokens are placed as in TVM VTA: an instruction that conflicts with
-work an engine issued since the last synchronisation waits on that engine's latest instruction.
+Footprints come from isa.footprint (the executor's exact addressing), compared in chunks of 16 lines per
+bank and 64 DDR bytes so that many instructions conflict; tokens are placed by isa.deps.TokenPlanner as in
+TVM VTA: an instruction that conflicts with work an engine issued since the last synchronisation waits on
+that engine's latest instruction.
 """
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ from functools import cached_property
 
 import numpy as np
 
-from opendpu.isa.fields import BY_NAME, CONV_ENGINE, FIELDS, LOAD_ENGINE, MISC_ENGINE, SAVE_ENGINE
+from opendpu.isa.deps import TokenPlanner, token_counts
+from opendpu.isa.fields import BY_NAME, FIELDS, Engine
+from opendpu.isa.footprint import InitState, footprint_of
 from opendpu.isa.program import Instruction, ProgramArrays, to_arrays
 from opendpu.isa.target import Target
 
@@ -38,7 +40,7 @@ BREAK_KINDS = ("starve", "cycle")
 REG_CONST, REG_INPUT, REG_WORK, REG_OUT = 0, 1, 2, 3
 REG_SIZES = {REG_CONST: 16384, REG_INPUT: 12288, REG_WORK: 8192, REG_OUT: 16384}
 
-BIT = (1, 2, 4, 8)                  # dpdon/dpdby bit of each engine (spec §4.1)
+BIT = tuple(e.bit for e in Engine)  # dpdon/dpdby bit of each engine (spec §4.1)
 ENGINE = {o: BY_NAME[o].engine for o in BY_NAME}
 LMAX = 32                           # longest tile (items / output columns)
 CGMAX = 3                           # largest channel_group
@@ -46,6 +48,7 @@ P_REINIT = 0.15                     # chance of a fresh CONVINIT / ALUINIT befor
 P_EXTRA = 0.08                      # chance of an extra (not needed) cross-engine dependency
 P_PAIR = 0.35                       # chance that a SAVE becomes an hp_id 0/1 SAVE pair
 _EMPTY: frozenset = frozenset()
+_NO_STATE = InitState()             # LOAD and SAVE footprints need no INIT state
 # ALU exec modes and their weights (spec §6.8; 5 maxreduce and 8 w16b0 are legal but rare).
 _ALU_MODES = (0, 1, 2, 3, 4, 5, 6, 7, 8)
 _ALU_MODE_CUM = tuple(np.cumsum((3.0, 1.0, 2.0, 2.0, 1.0, 0.5, 1.0, 1.0, 0.5)).tolist())
@@ -83,14 +86,14 @@ def random_program(target: Target, n: int = 64, seed: int = 0, *, save_pairs: bo
         raise ValueError(f"n must be >= 0, got {n}")
     g = _Gen(target, seed, save_pairs, mix)
     g.run(n)
-    instrs = [Instruction(op, on, by, f) for op, on, by, f in zip(g.ops, g.on, g.by, g.fl)]
+    instrs = [Instruction(op, on, by, f) for op, on, by, f in zip(g.ops, g.tok.dpdon, g.tok.dpdby, g.fl)]
     init = {reg: np.frombuffer(g.rng.randbytes(REG_SIZES[reg]), np.int8).copy()
             for reg in (REG_CONST, REG_INPUT, REG_WORK)}
     return GeneratedProgram(target, instrs, dict(REG_SIZES), init)
 
 
 class _Gen:
-    """Generator state: the program so far, INIT state, and per engine pair the unsynchronised footprints."""
+    """Generator state: the program so far, INIT state, and the token planner (unsynchronised footprints)."""
 
     def __init__(self, t: Target, seed: int, save_pairs: bool, mix: dict[str, float] | None):
         self.t = t
@@ -115,26 +118,15 @@ class _Gen:
         self.conv_acts, self.alu_acts, self.argmax = t.conv_nonlinear, t.alu_nonlinear, t.argmax
         self.conv_so_max = max(1, min(4, t.conv_stride_out_h_max))
         self.alu_so_max = max(1, min(4, t.alu_stride_out_h_max))
-        chunk = min(16, self.D)
-        self.csh = chunk.bit_length() - 1
-        self.nch = self.D // chunk
-        self.vb_convw, self.vb_dw, self.vb_bias = self.nimg, self.nimg + 1, self.nimg + 2
-        self.dbase = (self.nimg + 3) * self.nch
         self.hot = min(self.D, 512)          # most image accesses fall in the first 512 lines: many conflicts
         self.phot = min(self.D, 256)
         # program so far
         self.ops: list[str] = []
-        self.on: list[int] = []
-        self.by: list[int] = []
         self.fl: list[dict] = []
-        self.last = [-1, -1, -1, -1]
-        # pending[P][C]: read / write keys of P instructions not yet ordered before C's next instruction
-        self.pr = [[set() for _ in range(4)] for _ in range(4)]
-        self.pw = [[set() for _ in range(4)] for _ in range(4)]
-        self.pany = [[False] * 4 for _ in range(4)]
-        self.conv = None          # (CONVINIT fields, longest CONV length it allows)
-        self.alu = None           # (ALUINIT fields, largest kernel_d)
-        self.open_pair = False    # between the two SAVEs of a pair: nothing may wait on SAVE
+        # dpdon/dpdby; footprints compared in chunks of 16 lines and 64 DDR bytes (many conflicts)
+        self.tok = TokenPlanner(t, line_chunk=min(16, self.D), ddr_chunk=64)
+        self.conv: tuple[dict, int] | None = None     # (CONVINIT fields, longest CONV length it allows)
+        self.alu: tuple[dict, int] | None = None      # (ALUINIT fields, largest kernel_d)
 
     # ---- main loop -------------------------------------------------------------------------------
     def run(self, n: int) -> None:
@@ -152,86 +144,35 @@ class _Gen:
                 self._commit(b)
         self._final_save()
         self.ops.append("END")
-        self.on.append(BIT[SAVE_ENGINE])
-        self.by.append(BIT[SAVE_ENGINE])
         self.fl.append({})
+        self.tok.add("END", wait=False)          # dpdon = dpdby = SAVE only (spec §5.2)
 
     def _commit(self, bundle) -> None:
         for op, eng, f, R, W, meta in bundle:
-            self._issue(op, eng, f, R, W)
+            self._issue(op, f, (R, W))
             if op == "CONVINIT":
                 self.conv = (f, meta)
             elif op == "ALUINIT":
                 self.alu = (f, meta)
 
-    # ---- tokens ----------------------------------------------------------------------------------
-    def _conflict(self, P: int, C: int, R, W) -> bool:
-        """Does a new C instruction with footprint (R, W) conflict with P's unsynchronised work?"""
-        pw = self.pw[P][C]
-        if W and (not W.isdisjoint(pw) or not W.isdisjoint(self.pr[P][C])):
-            return True
-        return bool(R) and not R.isdisjoint(pw)
-
-    def _sync(self, P: int, C: int, i: int) -> None:
-        """Order instruction i (engine C) after P's latest instruction (VTA-style token)."""
-        assert not (P == SAVE_ENGINE and self.open_pair)
-        x = self.last[P]
-        if not self.by[x] & BIT[C]:
-            self.by[x] |= BIT[C]
-            self.on[i] |= BIT[P]
-        self.pr[P][C] = set()
-        self.pw[P][C] = set()
-        self.pany[P][C] = False
-
-    def _issue(self, op, eng, f, R, W, on=None, by=None, waits=True) -> int:
-        i = len(self.ops)
+    # ---- tokens and footprints -------------------------------------------------------------------
+    def _issue(self, op, f, keys, pair=None, waits=True) -> int:
+        """Append one instruction; it waits on every engine it conflicts with (isa.deps.TokenPlanner)."""
         self.ops.append(op)
         self.fl.append(f)
-        b = BIT[eng]
-        self.on.append(b if on is None else on)
-        self.by.append(b if by is None else by)
-        last = self.last
-        if waits:
-            if R or W:
-                for P in range(4):
-                    if P != eng and last[P] >= 0 and self._conflict(P, eng, R, W):
-                        self._sync(P, eng, i)
-            if self.r() < P_EXTRA:          # an extra dependency, for varied token traffic
-                P = (eng + 1 + int(self.r() * 3)) & 3
-                x = last[P]
-                if x >= 0 and not self.by[x] & b and not (P == SAVE_ENGINE and self.open_pair):
-                    self._sync(P, eng, i)
-        pr, pw, pany = self.pr[eng], self.pw[eng], self.pany[eng]
-        for C in range(4):
-            if C != eng:
-                if R:
-                    pr[C] |= R
-                if W:
-                    pw[C] |= W
-                pany[C] = True
-        last[eng] = i
+        tok = self.tok
+        i = tok.add(op, keys=keys, wait=waits, pair=pair).index
+        if waits and self.r() < P_EXTRA:          # an extra dependency, for varied token traffic
+            eng = ENGINE[op]
+            P = (eng + 1 + int(self.r() * 3)) & 3
+            x = tok.last(P)
+            if x >= 0 and not tok.dpdby[x] & BIT[eng] and not (P == Engine.SAVE and tok.pair_open):
+                tok.order_after(P, i)
         return i
 
-    # ---- footprints --------------------------------------------------------------------------------
-    def _lines(self, keys: set, vb: int, lo: int, hi: int) -> None:
-        """Add the chunk keys of lines [lo, hi) (taken modulo DEPTH) of virtual bank vb."""
-        c0 = lo >> self.csh
-        c1 = (hi - 1) >> self.csh
-        nch = self.nch
-        base = vb * nch
-        if c1 - c0 + 1 >= nch:
-            keys.update(range(base, base + nch))
-        else:
-            m = nch - 1
-            for c in range(c0, c1 + 1):
-                keys.add(base + (c & m))
-
-    def _ddr(self, keys: set, reg: int, lo: int, hi: int) -> None:
-        """Add the keys of DDR bytes [lo, hi) of the workspace (the only register two engines share)."""
-        if reg == REG_WORK and hi > lo:
-            base = self.dbase
-            for c in range(lo >> 6, ((hi - 1) >> 6) + 1):
-                keys.add(base + c)
+    def _keys(self, op: str, f: dict, state: InitState | None = None) -> tuple[set, set]:
+        """(read keys, write keys) of an instruction's footprint (isa.footprint) in the planner's chunks."""
+        return self.tok.keys(footprint_of(op, f, state or _NO_STATE, self.t))
 
     # ---- random values -----------------------------------------------------------------------------
     def _addr(self, bits: int) -> int:
@@ -268,24 +209,6 @@ class _Gen:
             bases[k] = int(r() * (mask + 1))   # unused pass: any value
         return bases
 
-    def _in_keys(self, keys, gb, b0, ns, bases, span) -> None:
-        """Rows of a CONV/ALU input: slot s lies in bank gb + s mod PP, pass s // PP (spec §6.4)."""
-        pp = self.pp
-        for s in range(b0, b0 + ns):
-            a = bases[s // pp]
-            self._lines(keys, gb + s % pp, a, a + span)
-
-    def _out_keys(self, keys, bank_out, bao, vpp, so, soo, jwe, span) -> None:
-        """Output rows placed as in spec §6.4 (stride_out sub-rows, pass offset so*jwe)."""
-        pp = self.pp
-        gb = bank_out - bank_out % pp
-        b0 = bank_out % pp
-        for h in range(vpp):
-            t = h + soo
-            slot = b0 + t // so
-            row0 = bao + (slot // pp) * so * jwe + (t % so) * jwe
-            self._lines(keys, gb + slot % pp, row0, row0 + span)
-
     def _pads(self, kh: int, kw: int, lr_max: int, rb_max: int) -> tuple[int, int, int, int]:
         """(pad_top, pad_left, pad_bottom, pad_right); bottom/right are last-valid indices (spec §6.4)."""
         r = self.r
@@ -297,24 +220,43 @@ class _Gen:
         pr = kw - 1 - (int(r() * kw) if r() < 0.3 else 0)
         return min(pt, lr_max), min(pl, lr_max), min(pb, rb_max), min(pr, rb_max)
 
+    def _place_out(self, op: str, f: dict, st: InitState, gi: int, bits: int) -> set | None:
+        """Pick bank_id_out / bank_addr_out of a CONV or ALU (up to 4 tries) so that it never writes a line
+        its unpadded input reads (a superset of what the padded instruction reads). Returns the write keys,
+        or None if every try overlaps."""
+        r = self.r
+        pp = self.pp
+        space = self.tok.space
+        R = None
+        for attempt in range(4):
+            go = int(r() * self.img_bg) if attempt < 2 else (gi + 1) % self.img_bg
+            f["bank_id_out"] = go * pp + int(r() * pp)
+            f["bank_addr_out"] = self._addr(bits)
+            fp = footprint_of(op, f, st, self.t)
+            if R is None:
+                R = space.keys(fp.reads)
+            W = space.keys(fp.writes)
+            if R.isdisjoint(W):
+                return W
+        return None
+
     # ---- LOAD --------------------------------------------------------------------------------------
     def _load(self):
         r = self.r
         W = self.cp
         if r() < 0.6:                                   # image bank
             bank = int(r() * self.nimg)
-            vb = bank
             ba = self._addr(12)
             x = r()
             reg = REG_INPUT if x < 0.6 else (REG_WORK if x < 0.9 else REG_CONST)
         else:                                           # parameter banks
             x = r()
             if x < 0.6:
-                bank, vb = self.convw + int(r() * self.cp), self.vb_convw
+                bank = self.convw + int(r() * self.cp)
             elif x < 0.8:
-                bank, vb = self.dwconvw, self.vb_dw
+                bank = self.dwconvw
             else:
-                bank, vb = self.bias, self.vb_bias
+                bank = self.bias
             ba = self._paddr(12)
             reg = REG_CONST if r() < 0.9 else REG_INPUT
         ch = 1 + int(r() * CGMAX * W)
@@ -340,36 +282,24 @@ class _Gen:
             bcast = 7                                    # constant fill
         elif x < 0.09:
             bcast = (8 + int(r() * 8)) if r() < 0.5 else int(r() * 7)   # no effect on ISA1
-        ext = (length - 1) * jr + ch                     # DDR extent of the unmasked bytes
-        aug = jr <= ch <= 64
-        if aug and (pad_start or pad_end):
-            ext = 0
-            first_end = length - pad_idx
-            for it in range(length):
-                lo = max(0, pad_start - it * jr)
-                hi = ch
-                if it >= first_end:
-                    hi = min(hi, cw - (pad_end + jr * (it - first_end)))
-                if lo < hi:
-                    ext = max(ext, it * jr + hi)
+        f = dict(bank_addr=ba, bank_id=bank, jump_write=jw, jump_read=jr, length=length, channel=ch,
+                 pad_idx=pad_idx, reg_id=reg, const_value=0, broadcast=0, mode_avg=0,
+                 pad_end=pad_end, pad_start=pad_start, ddr_addr=0)
+        # DDR extent of the unmasked bytes (the items' addressing, also for a constant fill)
+        ext = max((b.start + (b.blocks - 1) * b.step + b.width
+                   for b in footprint_of("LOAD", f, _NO_STATE, self.t).reads.ddr), default=0)
         size = REG_SIZES[reg]
-        if aug and ext < (length - 1) * jr + ch and r() < 0.3:
+        if jr <= ch <= 64 and ext < (length - 1) * jr + ch and r() < 0.3:
             addr = size - ext                            # masked bytes run past the register (spec §2.6)
         else:
             addr = int(r() * (size - ext + 1))
-        f = dict(bank_addr=ba, bank_id=bank, jump_write=jw, jump_read=jr, length=length, channel=ch,
-                 pad_idx=pad_idx, reg_id=reg, const_value=int(r() * 256), broadcast=bcast, mode_avg=0,
-                 pad_end=pad_end, pad_start=pad_start, ddr_addr=addr)
-        Wk = set()
-        self._lines(Wk, vb, ba, ba + (length - 1) * jw + nl)
-        Rk = set()
-        if bcast != 7:
-            self._ddr(Rk, reg, addr, addr + ext)
-        return [("LOAD", LOAD_ENGINE, f, Rk, Wk, None)]
+        f.update(const_value=int(r() * 256), broadcast=bcast, ddr_addr=addr)
+        R, Wk = self._keys("LOAD", f)
+        return [("LOAD", Engine.LOAD, f, R, Wk, None)]
 
     # ---- SAVE --------------------------------------------------------------------------------------
     def _save(self, avoid_bank: int = -1):
-        """One SAVE: (fields, read keys, write keys, (reg, first byte, end byte))."""
+        """One SAVE: (fields, read keys, write keys, (reg, first byte, end byte) it writes)."""
         r = self.r
         W = self.cp
         bank = int(r() * self.nimg)
@@ -395,17 +325,14 @@ class _Gen:
         f = dict(bank_addr=ba, bank_id=bank, jump_read=jr, jump_write=jw, argmax=am, hp_id=int(r() * 2),
                  length=length, channel=ch, reg_id=reg, const_value=int(r() * 256), const_en=const_en,
                  ddr_addr=addr)
-        Rk = set()
-        if not const_en:
-            self._lines(Rk, bank, ba, ba + (length - 1) * jr + nl)
-        end = addr + (length - 1) * jw + ib
-        Wk = set()
-        self._ddr(Wk, reg, addr, end)
-        return f, Rk, Wk, (reg, addr, end)
+        fp = footprint_of("SAVE", f, _NO_STATE, self.t)
+        (_, lo, count, step, width), = fp.writes.ddr             # one strided run
+        R, Wk = self.tok.keys(fp)
+        return f, R, Wk, (reg, lo, lo + (count - 1) * step + width)
 
     def _save_bundle(self):
         f, R, W, _ = self._save()
-        return [("SAVE", SAVE_ENGINE, f, R, W, None)]
+        return [("SAVE", Engine.SAVE, f, R, W, None)]
 
     def _pair(self, n: int) -> None:
         """SAVE pair (spec §5.2): s1 hp_id 0 waits for both, dpdby 0000; s2 hp_id 1, 1-4 instructions
@@ -416,13 +343,12 @@ class _Gen:
             if iv1[0] != iv2[0] or iv1[2] <= iv2[1] or iv2[2] <= iv1[1]:
                 break
         else:
-            self._commit([("SAVE", SAVE_ENGINE, f1, R1, W1, None)])
+            self._commit([("SAVE", Engine.SAVE, f1, R1, W1, None)])
             return
         f1["hp_id"], f2["hp_id"] = 0, 1
         # s1 waits on behalf of both; pending[SAVE] gets the union, so later conflicts with either SAVE
         # (and any with s2 by the instructions in between) are seen.
-        self._issue("SAVE", SAVE_ENGINE, f1, R1 | R2, W1 | W2, on=BIT[SAVE_ENGINE], by=0)
-        self.open_pair = True
+        self._issue("SAVE", f1, (R1 | R2, W1 | W2), pair=0)
         k = int(self.r() * 4)
         cnt = tries = 0
         while cnt < k and tries < 2 * k + 2 and self.cum_nosave is not None:
@@ -432,22 +358,17 @@ class _Gen:
             if b is None or len(b) > k - cnt:
                 continue
             _, eng, _, Rb, Wb, _ = b[-1]
-            if self._conflict(SAVE_ENGINE, eng, Rb, Wb):
+            if self.tok.conflict(Engine.SAVE, eng, Rb, Wb):
                 continue
             self._commit(b)
             cnt += len(b)
-        for P in (LOAD_ENGINE, CONV_ENGINE, MISC_ENGINE):
-            assert not self._conflict(P, SAVE_ENGINE, R2, W2), "s2 needs a wait of its own"
-        self.open_pair = False
-        self._issue("SAVE", SAVE_ENGINE, f2, R2, W2, on=0, by=BIT[SAVE_ENGINE], waits=False)
+        self._issue("SAVE", f2, (R2, W2), pair=1, waits=False)   # TokenError if s2 needed a wait
 
     def _final_save(self) -> None:
         """Last SAVE: waits on every engine with work not yet ordered before it, so all of it precedes END."""
         f, R, W, _ = self._save()
-        i = self._issue("SAVE", SAVE_ENGINE, f, R, W)
-        for P in (LOAD_ENGINE, CONV_ENGINE, MISC_ENGINE):
-            if self.pany[P][SAVE_ENGINE]:
-                self._sync(P, SAVE_ENGINE, i)
+        i = self._issue("SAVE", f, (R, W))
+        self.tok.order_after_all(i)
 
     # ---- CONV --------------------------------------------------------------------------------------
     def _convinit(self):
@@ -486,43 +407,32 @@ class _Gen:
         bundle = []
         if self.conv is None or r() < P_REINIT:
             cf, lmax = self._convinit()
-            bundle.append(("CONVINIT", CONV_ENGINE, cf, _EMPTY, _EMPTY, lmax))
+            bundle.append(("CONVINIT", Engine.CONV, cf, _EMPTY, _EMPTY, lmax))
         else:
             cf, lmax = self.conv
-        kh, kw, sh, sw = cf["kernel_h"], cf["kernel_w"], cf["stride_h"], cf["stride_w"]
-        soi, vpp = cf["stride_offset_in"], cf["valid_pixel_parallel"]
-        jr, jre = cf["jump_read"], cf["jump_read_endl"]
+        kh, kw, sh = cf["kernel_h"], cf["kernel_w"], cf["stride_h"]
+        soi, vpp, jre = cf["stride_offset_in"], cf["valid_pixel_parallel"], cf["jump_read_endl"]
         cg = 1 + int(r() * CGMAX)
         length = 1 + int(r() * lmax)
         rows_in = (vpp - 1) * sh + kh
-        cols_in = (length - 1) * sw + kw
         ns = (soi + rows_in - 1) // sh + 1
         b0 = int(r() * (min(pp - 1, 4 * pp - ns) + 1))
         gi = int(r() * self.img_bg)
         bases = self._in_bases(b0, ns, sh, jre, 12)
-        R = set()
-        self._in_keys(R, gi * pp, b0, ns, bases, (sh - 1) * jre + (cols_in - 1) * jr + cg)
         baw, bab = self._paddr(12), self._paddr(12)
-        self._lines(R, self.vb_convw, baw, baw + kh * kw * cg)
-        self._lines(R, self.vb_bias, bab, bab + 1)
-        for attempt in range(4):
-            go = int(r() * self.img_bg) if attempt < 2 else (gi + 1) % self.img_bg
-            bido = go * pp + int(r() * pp)
-            bao = self._addr(12)
-            Wk = set()
-            self._out_keys(Wk, bido, bao, vpp, cf["stride_out"], cf["stride_offset_out"],
-                           cf["jump_write_endl"], (length - 1) * cf["jump_write"] + 1)
-            if R.isdisjoint(Wk):                         # never read and write the same lines
-                break
-        else:
+        f = dict(bank_addr_in=bases[0], pad_top=0, pad_left=0, bank_addr_out=0, pad_bottom=kh - 1,
+                 pad_right=kw - 1, channel_group=cg, bank_addr_weights=baw, bank_id_in=gi * pp + b0,
+                 length=length, bank_addr_bias=bab, bank_id_out=0, bank_addr_in_1=bases[1],
+                 bank_addr_in_2=bases[2], bank_addr_in_3=bases[3], channel_offset=0)
+        st = InitState(conv=cf)
+        Wk = self._place_out("CONV", f, st, gi, 12)
+        if Wk is None:
             return None
         pt, pl, pb, prt = self._pads(kh, kw, 15, 15)
         co = int(r() * min(32, cg * self.cp)) if r() < 0.2 else 0
-        f = dict(bank_addr_in=bases[0], pad_top=pt, pad_left=pl, bank_addr_out=bao, pad_bottom=pb,
-                 pad_right=prt, channel_group=cg, bank_addr_weights=baw, bank_id_in=gi * pp + b0,
-                 length=length, bank_addr_bias=bab, bank_id_out=bido, bank_addr_in_1=bases[1],
-                 bank_addr_in_2=bases[2], bank_addr_in_3=bases[3], channel_offset=co)
-        bundle.append(("CONV", CONV_ENGINE, f, R, Wk, None))
+        f.update(pad_top=pt, pad_left=pl, pad_bottom=pb, pad_right=prt, channel_offset=co)
+        R = self.tok.space.keys(footprint_of("CONV", f, st, self.t).reads)    # the writes do not change
+        bundle.append(("CONV", Engine.CONV, f, R, Wk, None))
         return bundle
 
     # ---- ALU ---------------------------------------------------------------------------------------
@@ -575,50 +485,31 @@ class _Gen:
         bundle = []
         if self.alu is None or r() < P_REINIT:
             af, kdmax = self._aluinit()
-            bundle.append(("ALUINIT", MISC_ENGINE, af, _EMPTY, _EMPTY, kdmax))
+            bundle.append(("ALUINIT", Engine.MISC, af, _EMPTY, _EMPTY, kdmax))
         else:
             af, kdmax = self.alu
         mode = af["exec_mode"]
-        kh, kw, sh, sw = af["kernel_h"], af["kernel_w"], af["stride_h"], af["stride_w"]
-        soi, length, cg = af["stride_offset_in"], af["length"], af["channel_group"]
+        kh, kw, sh, soi = af["kernel_h"], af["kernel_w"], af["stride_h"], af["stride_offset_in"]
         vpp = 1 + int(r() * self.alu_pp)
         kd = 1 + int(r() * kdmax) if mode in (0, 6, 8) else 1
         rows_in = (vpp - 1) * sh + kh
-        cols_in = (length - 1) * sw + kw
         ns = (soi + rows_in - 1) // sh + 1
         b0 = int(r() * (min(pp - 1, 4 * pp - ns) + 1))
         gi = int(r() * self.img_bg)
-        jre = af["jump_read_endl"]
-        bases = self._in_bases(b0, ns, sh, jre, 14)
-        R = set()
-        self._in_keys(R, gi * pp, b0, ns, bases, (sh - 1) * jre + (cols_in - 1) * af["jump_read"] + cg * kd)
+        bases = self._in_bases(b0, ns, sh, af["jump_read_endl"], 14)
         baw, bab = self._paddr(14), self._paddr(14)
-        jrw = af["jump_read_weights"]
-        if mode in (0, 6):
-            self._lines(R, self.vb_dw, baw, baw + (kh * kw - 1) * jrw + kd * cg)
-        elif mode == 8:
-            self._lines(R, self.vb_dw, baw, baw + (kh * kw - 1) * jrw + 2 * kd * cg)
-        elif mode == 1:
-            self._lines(R, self.vb_dw, baw, baw + cg)
-        if mode == 0:
-            self._lines(R, self.vb_bias, bab, bab + cg)
-        for attempt in range(4):
-            go = int(r() * self.img_bg) if attempt < 2 else (gi + 1) % self.img_bg
-            bido = go * pp + int(r() * pp)
-            bao = self._addr(14)
-            Wk = set()
-            self._out_keys(Wk, bido, bao, vpp, af["stride_out"], af["stride_offset_out"],
-                           af["jump_write_endl"], (length - 1) * af["jump_write"] + cg)
-            if R.isdisjoint(Wk):
-                break
-        else:
+        f = dict(bank_addr_out=0, bank_id_out=0, bank_addr_in=bases[0], bank_id_in=gi * pp + b0,
+                 valid_pixel_parallel=vpp, pad_bottom=kh - 1, bank_addr_in_1=bases[1], pad_right=kw - 1,
+                 pad_left=0, pad_top=0, bank_addr_in_2=bases[2], bank_addr_weights=baw, kernel_d=kd,
+                 bank_addr_in_3=bases[3], bank_addr_bias=bab)
+        st = InitState(alu=af)
+        Wk = self._place_out("ALU", f, st, gi, 14)
+        if Wk is None:
             return None
         pt, pl, pb, prt = self._pads(kh, kw, 15, 255)
-        f = dict(bank_addr_out=bao, bank_id_out=bido, bank_addr_in=bases[0], bank_id_in=gi * pp + b0,
-                 valid_pixel_parallel=vpp, pad_bottom=pb, bank_addr_in_1=bases[1], pad_right=prt,
-                 pad_left=pl, pad_top=pt, bank_addr_in_2=bases[2], bank_addr_weights=baw, kernel_d=kd,
-                 bank_addr_in_3=bases[3], bank_addr_bias=bab)
-        bundle.append(("ALU", MISC_ENGINE, f, R, Wk, None))
+        f.update(pad_top=pt, pad_left=pl, pad_bottom=pb, pad_right=prt)
+        R = self.tok.space.keys(footprint_of("ALU", f, st, self.t).reads)     # the writes do not change
+        bundle.append(("ALU", Engine.MISC, f, R, Wk, None))
         return bundle
 
     # ---- ELEW --------------------------------------------------------------------------------------
@@ -631,8 +522,8 @@ class _Gen:
         vpp = 1 + int(r() * self.alu_pp)
         cg = 1 + int(r() * CGMAX)
         length = 1 + int(r() * LMAX)
-        R = set()
         bundle = []
+        st = InitState()
         for k in range(num):
             share = 1 if r() < 0.1 else 0
             bidi = int(r() * self.nimg)
@@ -640,59 +531,36 @@ class _Gen:
             jr = cg if r() < 0.8 else int(r() * (cg + 3))             # 0 = column broadcast
             jre = 1 + int(r() * 64)
             bai = self._addr(14)
-            gb = bidi - bidi % pp
-            span = (length - 1) * jr + cg
-            for row in range(1 if share else vpp):
-                slot = bidi - gb + row * jb
-                lo = bai + (slot // pp) * jre
-                self._lines(R, gb + slot % pp, lo, lo + span)
             f = dict(share_pp=share, bank_id_in=bidi, bank_addr_in=bai, jump_read_endl=jre, id=k,
                      jump_bank=jb, jump_read=jr, shift_read=int(r() * 3) if r() < 0.8 else int(r() * 16))
-            bundle.append(("ELEWINIT", MISC_ENGINE, f, _EMPTY, _EMPTY, None))
+            bundle.append(("ELEWINIT", Engine.MISC, f, _EMPTY, _EMPTY, None))
+            st.update("ELEWINIT", f)
         jw = cg + (int(r() * 3) if r() < 0.3 else 0)
         jwe = 1 + int(r() * 64)
+        f = dict(length=length, act_type=0, elew_type=int(mult), bank_id_out=0, bank_addr_out=0,
+                 jump_write_endl=jwe, num=num, valid_pixel_parallel=vpp, jump_write=jw, shift_write=0,
+                 channel_group=cg)
+        R = None
         for attempt in range(4):
-            bido = int(r() * self.nimg)
-            bao = self._addr(14)
-            gb = bido - bido % pp
-            Wk = set()
-            for row in range(vpp):                       # one row per bank (spec §6.7)
-                slot = bido - gb + row
-                lo = bao + (slot // pp) * jwe
-                self._lines(Wk, gb + slot % pp, lo, lo + (length - 1) * jw + cg)
-            if R.isdisjoint(Wk):
+            f.update(bank_id_out=int(r() * self.nimg), bank_addr_out=self._addr(14))
+            Rk, Wk = self._keys("ELEW", f, st)
+            R = Rk if R is None else R
+            if R.isdisjoint(Wk):                         # never read and write the same lines
                 break
         else:
             return None
         x = r()
         sw = int(r() * 3) if x < 0.5 else (16 + int(r() * 3) if x < 0.9 else int(r() * 32))
-        f = dict(length=length, act_type=int(r() * 2), elew_type=int(mult), bank_id_out=bido,
-                 bank_addr_out=bao, jump_write_endl=jwe, num=num, valid_pixel_parallel=vpp, jump_write=jw,
-                 shift_write=sw, channel_group=cg)
-        bundle.append(("ELEW", MISC_ENGINE, f, R, Wk, None))
+        f.update(act_type=int(r() * 2), shift_write=sw)  # the footprint does not depend on these two
+        bundle.append(("ELEW", Engine.MISC, f, R, Wk, None))
         return bundle
 
 
 # ---- deliberately broken programs -------------------------------------------------------------------
-def _token_counts(instrs: list[Instruction]) -> tuple[list[list[int]], list[list[int]]]:
-    """(signals[P][C], waits[P][C]) over the whole program, cross-engine bits only."""
-    sig = [[0] * 4 for _ in range(4)]
-    wai = [[0] * 4 for _ in range(4)]
-    for ins in instrs:
-        e = ENGINE[ins.op]
-        for x in range(4):
-            if x != e:
-                if ins.dpdon >> x & 1:
-                    wai[x][e] += 1
-                if ins.dpdby >> x & 1:
-                    sig[e][x] += 1
-    return sig, wai
-
-
 def _template(prog: GeneratedProgram, eng: int, rng: random.Random) -> Instruction:
     """A state-free instruction of engine `eng` (LOAD, SAVE, CONVINIT, ALUINIT) legal anywhere."""
-    ok = {LOAD_ENGINE: ("LOAD",), SAVE_ENGINE: ("SAVE",), CONV_ENGINE: ("CONVINIT",),
-          MISC_ENGINE: ("ALUINIT",)}[eng]
+    ok = {Engine.LOAD: ("LOAD",), Engine.SAVE: ("SAVE",), Engine.CONV: ("CONVINIT",),
+          Engine.MISC: ("ALUINIT",)}[Engine(eng)]
     cands = [ins for ins in prog.instructions if ins.op in ok]
     if cands:
         return _copy(cands[int(rng.random() * len(cands))])
@@ -724,7 +592,7 @@ def break_tokens(prog: GeneratedProgram, kind: str, seed: int = 0) -> list[Instr
     out = [_copy(i) for i in prog.instructions]
     if not out or out[-1].op != "END":
         raise ValueError("program must end with END")
-    sig, wai = _token_counts(out)
+    sig, wai = token_counts(out)
     if kind == "starve":
         remove, add = [], []          # (instruction, other engine)
         for i, ins in enumerate(out[:-1]):

@@ -283,3 +283,15 @@ def test_many_small_programs_fast():
     for s in range(500):
         random_program(t, n=10 + s % 71, seed=s)
     assert time.perf_counter() - t0 < 3.0
+
+
+def test_no_races_at_the_generators_granularity():
+    """Every conflict of the isa.footprint footprints at the granularity the generator compares (16 lines,
+    64 DDR bytes) is token-ordered, under the happens-before rule of isa.deps.find_races."""
+    from opendpu.isa.deps import find_races
+    from opendpu.isa.footprint import program_footprints
+    for t in TARGETS.values():
+        for seed in range(8):
+            p = random_program(t, n=100, seed=300 + seed)
+            fps = program_footprints(p.instructions, t, p.reg_sizes)
+            assert find_races(p.instructions, fps, t, line_chunk=min(16, t.bank_depth), ddr_chunk=64) == []

@@ -1,0 +1,377 @@
+"""Dependency tokens between the four engines (dpdon/dpdby, spec §5.2): bit helpers, the rule that places
+them from instruction footprints (isa/footprint.py), and a checker that every conflict is token-ordered.
+
+Token model (spec §5.2): each engine runs its instructions in order; an instruction of engine C with dpdon
+bit P waits for one token on (P, C), which an instruction of engine P with dpdby bit C sends when it
+completes; the k-th wait on (P, C) is released by the k-th signal. Own-engine bits have no cross-engine
+effect. SAVE signals are delivered in completion order of the whole SAVE engine.
+
+`TokenPlanner` places tokens as TVM VTA does: an instruction that conflicts (write/write or read/write on
+the same bank lines or DDR bytes) with work an engine P issued since P was last synchronised with this
+engine waits on P's latest instruction, and that instruction gets the matching dpdby bit. If P's latest
+instruction already signals this engine, an earlier instruction of this engine consumed that signal and
+the new one is ordered through it (in-order engine), so no new token is needed. Every wait then has its
+signal earlier in program order, and signals equal waits on every pair: the program cannot deadlock.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .fields import BY_NAME, Engine
+from .footprint import Access, Footprint
+from .program import Instruction, IsaError
+from .target import Target
+
+ENGINES = tuple(Engine)
+ALL_BITS = 0b1111
+_SAVE = int(Engine.SAVE)
+_ENGINE_NUM = {op: int(info.engine) for op, info in BY_NAME.items()}
+
+
+# ---- encoding helpers --------------------------------------------------------------------------------
+def bit(engine: int) -> int:
+    """The dpdon/dpdby mask bit of an engine (spec §4.1: LOAD bit 0, SAVE 1, CONV 2, MISC 3)."""
+    return 1 << int(engine)
+
+
+def mask(engines: Iterable[int]) -> int:
+    """The dpdon/dpdby mask naming `engines`."""
+    m = 0
+    for e in engines:
+        m |= 1 << int(e)
+    return m
+
+
+def engines_of(bits: int) -> tuple[Engine, ...]:
+    """The engines named by a dpdon/dpdby mask, in bit order."""
+    return tuple(e for e in ENGINES if bits >> e & 1)
+
+
+def engine_of(op: str) -> Engine:
+    """The engine that executes mnemonic `op` (spec §5.1)."""
+    return BY_NAME[op].engine
+
+
+def cross(bits: int, engine: int) -> int:
+    """`bits` without the own-engine bit: the part that has a cross-engine effect."""
+    return bits & ~(1 << int(engine)) & ALL_BITS
+
+
+def token_counts(instrs: Sequence[Instruction]) -> tuple[list[list[int]], list[list[int]]]:
+    """(signals[P][C], waits[P][C]) over the whole program, cross-engine bits only."""
+    sig = [[0] * 4 for _ in range(4)]
+    wai = [[0] * 4 for _ in range(4)]
+    for ins in instrs:
+        e = engine_of(ins.op)
+        for x in range(4):
+            if x != e:
+                if ins.dpdon >> x & 1:
+                    wai[x][e] += 1
+                if ins.dpdby >> x & 1:
+                    sig[e][x] += 1
+    return sig, wai
+
+
+class TokenError(IsaError):
+    """A token request the rules forbid: a wait on the SAVE engine while a SAVE pair is open, a second
+    SAVE that would need a wait of its own, a pair out of order, or a wait on an engine with no work."""
+
+
+# ---- footprint keys ----------------------------------------------------------------------------------
+class KeySpace:
+    """Hashable integer keys of footprints: bank lines in aligned chunks of `line_chunk` lines per bank,
+    DDR bytes in aligned chunks of `ddr_chunk` bytes per register. Two footprints share a key iff they
+    touch a common chunk, so coarser chunks give fewer keys and more (conservative) conflicts."""
+
+    def __init__(self, target: Target, line_chunk: int = 1, ddr_chunk: int = 1):
+        depth = target.bank_depth
+        if line_chunk < 1 or depth % line_chunk:
+            raise ValueError(f"line_chunk {line_chunk} must be >= 1 and divide the bank depth {depth}")
+        if ddr_chunk < 1:
+            raise ValueError(f"ddr_chunk must be >= 1, got {ddr_chunk}")
+        self.line_chunk, self.ddr_chunk = line_chunk, ddr_chunk
+        self.nch = depth // line_chunk
+        self._chunks: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}   # run geometry -> spans
+
+    def _line_chunks(self, start: int, count: int, step: int, width: int) -> list[tuple[int, int]]:
+        """[a, b) chunk-index spans (within 0..nch) covered by a run of lines, modulo the depth."""
+        lc, nch = self.line_chunk, self.nch
+        if count <= 0 or width <= 0:
+            return []
+        if count == 1 or step - width < lc:           # gaps shorter than a chunk: the hull has the same keys
+            spans: Iterable[tuple[int, int]] = ((start, start + (count - 1) * step + width),)
+        else:
+            spans = [(s, s + width) for s in range(start, start + count * step, step)]
+        out = []
+        for lo, hi in spans:                          # lines [lo, hi)
+            c0 = lo // lc
+            n = (hi - 1) // lc - c0 + 1
+            if n >= nch:
+                return [(0, nch)]
+            c0 %= nch
+            if c0 + n <= nch:
+                out.append((c0, c0 + n))
+            else:                                     # wraps past the last line
+                out.append((c0, nch))
+                out.append((0, c0 + n - nch))
+        return out
+
+    def keys(self, access: Access) -> set[int]:
+        """The keys of every bank line and DDR byte in `access` (bank keys >= 0, DDR keys < 0)."""
+        keys: set[int] = set()
+        dc, nch = self.ddr_chunk, self.nch
+        cache = self._chunks
+        for run in access.lines:
+            geom = run[1:]                            # the same in every bank: cached
+            chunks = cache.get(geom)
+            if chunks is None:
+                if len(cache) > 4096:
+                    cache.clear()
+                chunks = cache[geom] = self._line_chunks(*geom)
+            base = run[0] * nch
+            for a, b in chunks:
+                keys.update(range(base + a, base + b))
+        for reg, start, count, step, width in access.ddr:
+            if count <= 0 or width <= 0:
+                continue
+            base = -1 - (reg << 40)
+            spans: Iterable[tuple[int, int]]
+            if count == 1 or step - width < dc:
+                spans = ((start, start + (count - 1) * step + width),)
+            else:
+                spans = [(s, s + width) for s in range(start, start + count * step, step)]
+            for lo, hi in spans:
+                keys.update(range(base - lo // dc, base - (hi - 1) // dc - 1, -1))
+        return keys
+
+    def footprint_keys(self, fp: Footprint) -> tuple[set[int], set[int]]:
+        """(read keys, write keys) of a footprint."""
+        return self.keys(fp.reads), self.keys(fp.writes)
+
+
+# ---- placing tokens ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Step:
+    """What `TokenPlanner.add` decided for one instruction. `dpdby` is its mask so far: later
+    instructions that wait on this one add their engine bits (read the final masks from the planner)."""
+
+    index: int
+    engine: Engine
+    dpdon: int
+    dpdby: int
+    waits: tuple[int, ...]        # indices of the earlier instructions it waits on (one per cross bit)
+
+
+class TokenPlanner:
+    """Incremental token placement (module docstring): `add` instructions in program order with their
+    footprints; `dpdon[i]` / `dpdby[i]` hold the masks. SAVE pairs on the two AXI ports (spec §5.2) are
+    `add(..., pair=0)` for the hp_id 0 SAVE (it waits for both: pass the union of the two footprints; its
+    dpdby is 0000, so nothing may wait on the SAVE engine until the pair closes) and `pair=1` for the
+    hp_id 1 SAVE (dpdon 0000, no waits of its own; dpdby signals for both)."""
+
+    def __init__(self, target: Target, line_chunk: int = 1, ddr_chunk: int = 1):
+        self.space = KeySpace(target, line_chunk, ddr_chunk)
+        self.dpdon: list[int] = []
+        self.dpdby: list[int] = []
+        self.engine: list[Engine] = []
+        self._last = [-1, -1, -1, -1]
+        # pending[P][C]: read / write keys of P's instructions not yet ordered before C's next instruction
+        self._pr: list[list[set]] = [[set() for _ in range(4)] for _ in range(4)]
+        self._pw: list[list[set]] = [[set() for _ in range(4)] for _ in range(4)]
+        self._pany = [[False] * 4 for _ in range(4)]
+        self.pair_open = False
+
+    def __len__(self) -> int:
+        return len(self.dpdon)
+
+    def keys(self, fp: Footprint) -> tuple[set[int], set[int]]:
+        """(read keys, write keys) of a footprint in this planner's key space."""
+        return self.space.footprint_keys(fp)
+
+    def last(self, engine: int) -> int:
+        """Index of the latest instruction of `engine` (-1: none yet)."""
+        return self._last[engine]
+
+    def pending(self, producer: int, consumer: int) -> bool:
+        """Has `producer` issued work since it was last ordered before `consumer`'s next instruction?"""
+        return self._pany[producer][consumer]
+
+    def conflict(self, producer: int, consumer: int, reads: set, writes: set) -> bool:
+        """Would a new `consumer` instruction with these read/write keys conflict with `producer`'s
+        unsynchronised work (write/write, read-after-write or write-after-read)?"""
+        pw = self._pw[producer][consumer]
+        if writes and (not writes.isdisjoint(pw) or not writes.isdisjoint(self._pr[producer][consumer])):
+            return True
+        return bool(reads) and not reads.isdisjoint(pw)
+
+    def conflicts(self, consumer: int, reads: set, writes: set) -> list[Engine]:
+        """The engines a new `consumer` instruction with these keys must wait on."""
+        return [ENGINES[P] for P in range(4) if P != consumer and self._last[P] >= 0
+                and self.conflict(P, consumer, reads, writes)]
+
+    def order_after(self, producer: int, i: int) -> int | None:
+        """Order instruction i after `producer`'s latest instruction x: x gets dpdby bit engine(i) and i
+        dpdon bit `producer`, unless x already signals that engine (then i is ordered through the earlier
+        waiter). Returns x when a token was placed, else None."""
+        producer = int(producer)
+        if producer == _SAVE and self.pair_open:
+            raise TokenError("nothing may wait on the SAVE engine between the two SAVEs of a pair", i)
+        C = int(self.engine[i])
+        x = self._last[producer]
+        if x < 0:
+            raise TokenError(f"no {ENGINES[producer].name} instruction to wait on", i)
+        placed = None
+        if not self.dpdby[x] & 1 << C:
+            self.dpdby[x] |= 1 << C
+            self.dpdon[i] |= 1 << producer
+            placed = x
+        self._pr[producer][C] = set()
+        self._pw[producer][C] = set()
+        self._pany[producer][C] = False
+        return placed
+
+    def order_after_all(self, i: int) -> list[int]:
+        """Order instruction i after every engine with unsynchronised work (e.g. the final SAVE, so that
+        all work precedes END). Returns the instructions it now waits on."""
+        C = int(self.engine[i])
+        out = []
+        for P in range(4):
+            if P != C and self._pany[P][C]:
+                x = self.order_after(P, i)
+                if x is not None:
+                    out.append(x)
+        return out
+
+    def add(self, op: str, fp: Footprint | None = None, *, keys: tuple[set, set] | None = None,
+            wait: bool = True, pair: int | None = None) -> Step:
+        """Append instruction `op` with footprint `fp` (or precomputed `keys` = (read keys, write keys)).
+        With `wait` it waits on every engine whose unsynchronised work conflicts with it. `pair` 0 / 1
+        marks the first / second SAVE of a pair (class docstring)."""
+        e = _ENGINE_NUM[op]
+        R, W = keys if keys is not None else (self.keys(fp) if fp is not None else (set(), set()))
+        i = len(self.dpdon)
+        b = 1 << e
+        on, by = b, b
+        if pair is not None:
+            if op != "SAVE" or pair not in (0, 1):
+                raise TokenError(f"pair={pair!r} is for SAVEs (0 = hp_id 0, 1 = hp_id 1)", i)
+            if pair == 0 and self.pair_open:
+                raise TokenError("a SAVE pair is already open", i)
+            if pair == 1:
+                if not self.pair_open:
+                    raise TokenError("second SAVE of a pair without a first", i)
+                need = self.conflicts(e, R, W)
+                if need:
+                    raise TokenError("the second SAVE of a pair would need a wait of its own (on "
+                                     f"{', '.join(P.name for P in need)}); the first SAVE waits for both", i)
+                wait = False
+            on, by = (b, 0) if pair == 0 else (0, b)
+        elif self.pair_open and wait and e != _SAVE and self.conflict(_SAVE, e, R, W):
+            raise TokenError(f"{op} conflicts with an open SAVE pair and cannot wait on it", i)
+        self.dpdon.append(on)
+        self.dpdby.append(by)
+        self.engine.append(ENGINES[e])
+        waits = []
+        if wait and (R or W):
+            for P in self.conflicts(e, R, W):
+                x = self.order_after(P, i)
+                if x is not None:
+                    waits.append(x)
+        pr, pw, pany = self._pr[e], self._pw[e], self._pany[e]
+        for C in range(4):
+            if C != e:
+                if R:
+                    pr[C] |= R
+                if W:
+                    pw[C] |= W
+                pany[C] = True
+        self._last[e] = i
+        if pair is not None:
+            self.pair_open = pair == 0
+        return Step(i, ENGINES[e], self.dpdon[i], self.dpdby[i], tuple(waits))
+
+
+# ---- checking ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Race:
+    """A cross-engine conflict that the tokens leave unordered (or an unmatched wait, kind "wait")."""
+
+    kind: str          # "RAW", "WAR", "WAW" or "wait"
+    first: int         # the earlier instruction (for "wait": the engine waited on)
+    second: int        # the later instruction
+    key: int | None    # a key they share (KeySpace encoding)
+
+    def __str__(self) -> str:
+        if self.kind == "wait":
+            return f"instruction {self.second} waits on {Engine(self.first).name} with no earlier signal"
+        return f"{self.kind} between instructions {self.first} and {self.second} (key {self.key})"
+
+
+def find_races(instrs: Sequence[Instruction], footprints: Sequence[Footprint], target: Target,
+               line_chunk: int = 1, ddr_chunk: int = 1, limit: int = 100) -> list[Race]:
+    """Conflicts that some token-respecting schedule of the in-order engines could reorder (spec §5.2).
+
+    Happens-before: instruction i starts after its engine's previous instruction starts and after the
+    producers of the tokens it consumes complete (the k-th wait on (P, C) pairs with the k-th signal, which
+    must come earlier in program order); a completed instruction implies all earlier ones of its engine
+    completed. Two instructions of different engines that touch a common key, one of them writing, must
+    be so ordered. Up to `limit` races are returned."""
+    space = KeySpace(target, line_chunk, ddr_chunk)
+    hb: list[list[int]] = []           # hb[i][E]: latest E instruction known complete when i starts
+    last = [-1, -1, -1, -1]
+    queue: list[list[list[int]]] = [[[] for _ in range(4)] for _ in range(4)]
+    qpos = [[0] * 4 for _ in range(4)]
+    state: dict[int, list[int]] = {}   # key -> [last writer, its engine, last reader of E0..E3 since]
+    races: list[Race] = []
+    for i, (ins, fp) in enumerate(zip(instrs, footprints)):
+        C = engine_of(ins.op)
+        v = list(hb[last[C]]) if last[C] >= 0 else [-1, -1, -1, -1]
+        for P in ENGINES:
+            if P != C and ins.dpdon >> P & 1:
+                q = queue[P][C]
+                k = qpos[P][C]
+                if k >= len(q):
+                    races.append(Race("wait", int(P), i, None))
+                    continue
+                qpos[P][C] = k + 1
+                x = q[k]
+                for E in range(4):
+                    if hb[x][E] > v[E]:
+                        v[E] = hb[x][E]
+                if x > v[P]:
+                    v[P] = x
+        hb.append(v)
+        last[C] = i
+        R, W = space.footprint_keys(fp)
+        for key in R:
+            s = state.get(key)
+            if s is None:
+                state[key] = s = [-1, -1, -1, -1, -1, -1]
+            j = s[0]
+            if j >= 0 and s[1] != C and v[s[1]] < j:
+                races.append(Race("RAW", j, i, key))
+            s[2 + C] = i
+        for key in W:
+            s = state.get(key)
+            if s is None:
+                state[key] = s = [-1, -1, -1, -1, -1, -1]
+            j = s[0]
+            if j >= 0 and s[1] != C and v[s[1]] < j:
+                races.append(Race("WAW", j, i, key))
+            for E in range(4):
+                r = s[2 + E]
+                if E != C and r >= 0 and v[E] < r:
+                    races.append(Race("WAR", r, i, key))
+            s[0], s[1] = i, C
+            s[2] = s[3] = s[4] = s[5] = -1
+        for P in ENGINES:
+            if P != C and ins.dpdby >> P & 1:
+                queue[C][P].append(i)
+        if len(races) >= limit:
+            return races[:limit]
+    return races
+
+
+__all__ = ["ALL_BITS", "ENGINES", "KeySpace", "Race", "Step", "TokenError", "TokenPlanner", "bit", "cross",
+           "engine_of", "engines_of", "find_races", "mask", "token_counts"]
