@@ -202,7 +202,8 @@ def _pair(op: OpDesc, key: str, default) -> tuple[int, int]:
         if default is None:
             raise _Cpu(f"attribute {key} missing")
         v = default
-    return _ints(v, 2, key)
+    a, b = _ints(v, 2, key)
+    return a, b
 
 
 def _bool(v) -> bool:
@@ -539,6 +540,7 @@ def _pool(op: OpDesc, t: Target) -> Placement:
           "keep the activation as a separate op")
     if glob:
         _need(x is not None, f"global {what} without an input shape")
+        assert x is not None                                  # _need raised otherwise (for the type checker)
         kh, kw = x[1], x[2]
         sh, sw = kh, kw
         pads = [0, 0, 0, 0]
@@ -552,13 +554,15 @@ def _pool(op: OpDesc, t: Target) -> Placement:
     note = ""
     if not glob and x is not None:
         # windows that overrun the padded input (ceil mode): from out_shape, else the ceil formula
+        oh: int | None
+        ow: int | None
         if y is not None:
             oh, ow = y[1], y[2]
         elif _bool(op.attrs.get("ceil_mode", False)) or str(op.attrs.get("pad_mode", "")).upper() == "CEIL":
             oh, ow = (_ceil_out(x[1], kh, sh, pads[2], pads[3]), _ceil_out(x[2], kw, sw, pads[0], pads[1]))
         else:
             oh = ow = None
-        if oh is not None:
+        if oh is not None and ow is not None:
             ov_h = (oh - 1) * sh + kh - (pads[2] + x[1] + pads[3])
             ov_w = (ow - 1) * sw + kw - (pads[0] + x[2] + pads[1])
             if max(ov_h, ov_w) > 0:
@@ -616,10 +620,11 @@ def _eltwise(op: OpDesc, t: Target) -> Placement:
     shapes = [_nhwc(_shape(s)) for s in op.in_shapes]
     y = _nhwc(_out(op))
     if y is None and shapes and all(s is not None for s in shapes):
-        y = [max(s[i] for s in shapes) for i in range(4)]
+        y = [max(s[i] for s in shapes if s is not None) for i in range(4)]
     if y is not None:
         for s, raw in zip(shapes, op.in_shapes):
             _need(s is not None, f"{what} input shape {list(raw)} is not 1..4-D")
+            assert s is not None                              # _need raised otherwise (for the type checker)
             if s == y:
                 continue
             ok = s[3] == y[3] and s[0] in (1, y[0]) and s[1] in (1, y[1]) and s[2] in (1, y[2])
@@ -722,12 +727,14 @@ def _transpose(op: OpDesc, t: Target) -> Placement:
     if order is None:
         order = list(range(len(x)))[::-1] if x else None
     _need(order is not None, "transpose without order or input shape")
+    assert order is not None                                  # _need raised otherwise (for the type checker)
     order = [int(v) for v in order]
     _need(sorted(order) == list(range(len(order))), f"transpose order {order} is not a permutation")
     if order == sorted(order):
         return _dpu("load/save", "identity transpose: no instructions")
     _need(x is not None and len(x) == len(order), f"transpose {order} changes the memory order "
                                                   f"(input shape unknown)")
+    assert x is not None
     moved = [a for a in order if x[a] != 1]
     _need(moved == sorted(moved), f"transpose {order} of {x} changes the memory order",
           "keep the NHWC order (do the transpose in CPU post-processing)")
@@ -755,14 +762,14 @@ def _upsample(op: OpDesc, t: Target) -> Placement:
     _need(sh.denominator == 1 and sw.denominator == 1 and sh >= 1 and sw >= 1,
           f"upsample scale {float(sw):g}x{float(sh):g} is not a positive integer",
           "use an integer scale factor")
-    sh, sw = int(sh), int(sw)
+    ish, isw = int(sh), int(sw)
     c = x[3] if x else _ic(op)
     if c is not None:
         _check_channels("upsample", c, ELEW_CG_MAX, t)
-        lines = -(-sh // t.pp) * sw * -(-c // t.cp)                        # UG1414 resize NEAREST
-        _need(lines <= t.bank_depth, f"upsample scale {sw}x{sh}: ceil({sh}/PP={t.pp})*{sw}*ceil({c}/{t.cp}) "
+        lines = -(-ish // t.pp) * isw * -(-c // t.cp)                      # UG1414 resize NEAREST
+        _need(lines <= t.bank_depth, f"upsample scale {isw}x{ish}: ceil({ish}/PP={t.pp})*{isw}*ceil({c}/{t.cp}) "
                                      f"= {lines} > bank_depth {t.bank_depth}", "use a smaller scale")
-    return _dpu("eltwise", f"nearest x{sw}x{sh}: ELEW copies (§7.8)")
+    return _dpu("eltwise", f"nearest x{isw}x{ish}: ELEW copies (§7.8)")
 
 
 def _tile(op: OpDesc, t: Target) -> Placement:
@@ -780,6 +787,7 @@ def _tile(op: OpDesc, t: Target) -> Placement:
             _need(c % (s * s) == 0, f"tile channels {c} not divisible by stride^2 = {s * s}")
             _need(c <= lim, f"tile input channels {c} > 256*CP = {lim}", "use fewer channels")
         else:
+            assert x is not None                              # c is only known from x
             _need(x[1] % s == 0 and x[2] % s == 0, f"tile H, W = {x[1]}, {x[2]} not divisible by {s}")
             _need(s * s * c <= lim, f"tile stride^2*channels = {s * s * c} > 256*CP = {lim}",
                   "use fewer channels")
@@ -814,6 +822,7 @@ def _argmax(op: OpDesc, t: Target) -> Placement:
 def _matmul(op: OpDesc, t: Target) -> Placement:
     ws = _shape(op.weight_shape)
     _need(ws is not None, f"{op.type} of two activations (no constant weights)")
+    assert ws is not None                                     # _need raised otherwise (for the type checker)
     x = _in(op)
     k = x[-1] if x else ws[-1]
     n = ws[0]
@@ -972,7 +981,7 @@ def format_report(ops: list[OpDesc], placements: list[Placement] | None, target:
     lim = limits(t)
     kw = max(len(k) for k in lim)
     lines += [f"  {k.ljust(kw)}  {_fmt_limit(v)}" for k, v in lim.items()]
-    counts = {}
+    counts: dict[str, int] = {}
     for p in placements:
         counts[p.device] = counts.get(p.device, 0) + 1
     lines.append(f"ops: {len(ops)} (" + ", ".join(f"{d} {n}" for d, n in sorted(counts.items())) + ")")

@@ -55,7 +55,8 @@ def _ref_round(x, mode):
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(st.floats(-1e6, 1e6, allow_nan=False),
                           st.integers(-2000, 2000).map(lambda k: k / 2),
-                          st.integers(-2000, 2000).map(lambda k: np.nextafter(k / 2, np.inf))), min_size=1, max_size=20),
+                          st.integers(-2000, 2000).map(lambda k: np.nextafter(k / 2, np.inf))),
+                 min_size=1, max_size=20),
        st.sampled_from(C.ROUND_MODES))
 def test_round_matches_exact_reference(xs, mode):
     got = C.round_values(np.array(xs, dtype=np.float64), mode)

@@ -83,7 +83,8 @@ def check(sched, res):
     assert res["total"] == sched.total_cycles, (res["total"], sched.total_cycles)
     assert res["err"] == 0
     for k in range(n):
-        assert res["start"].get(k) == sched.start[k], f"instruction {k}: start {res['start'].get(k)} != {sched.start[k]}"
+        got = res["start"].get(k)
+        assert got == sched.start[k], f"instruction {k}: start {got} != {sched.start[k]}"
         assert res["end"].get(k) == sched.end[k], f"instruction {k}: end {res['end'].get(k)} != {sched.end[k]}"
         assert res["ret"].get(k) == sched.retire[k], f"instruction {k}: retire {res['ret'].get(k)} != {sched.retire[k]}"
 

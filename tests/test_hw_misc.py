@@ -101,7 +101,8 @@ def touched_lines(t: Target, prog: list[Instruction]):
             for h in range(vpp):
                 tt = h + ai["stride_offset_out"]
                 slot = b - gb + tt // so
-                row0 = f["bank_addr_out"] + (slot // pp) * so * ai["jump_write_endl"] + (tt % so) * ai["jump_write_endl"]
+                jwe = ai["jump_write_endl"]
+                row0 = f["bank_addr_out"] + (slot // pp) * so * jwe + (tt % so) * jwe
                 for w in range(L):
                     for g in range(cg):
                         wr.append((gb + slot % pp, (row0 + w * ai["jump_write"] + g) % D))
@@ -120,7 +121,8 @@ def touched_lines(t: Target, prog: list[Instruction]):
                         bank, wrap = gb + slot % pp, slot // pp
                     for j in range(f["length"]):
                         for g in range(cg):
-                            rd.add((bank, (d["bank_addr_in"] + wrap * d["jump_read_endl"] + j * d["jump_read"] + g) % D))
+                            line = d["bank_addr_in"] + wrap * d["jump_read_endl"] + j * d["jump_read"] + g
+                            rd.add((bank, line % D))
             gb = f["bank_id_out"] // pp * pp
             for r in range(vpp):
                 slot = f["bank_id_out"] - gb + r

@@ -1,7 +1,6 @@
 """The quantizer: preparation against the float model, golden (ONNX fake-quant) against the integer reference
 runner, QDQ export against the reference, hand-computed fix points, constraints, quant_info, bad input."""
 import json
-import os
 
 import numpy as np
 import onnx
@@ -11,7 +10,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from opendpu.compiler.xir.graph import Graph
-from opendpu.quant.emit import emit_onnx, session
+from opendpu.quant.emit import session
 from opendpu.quant.onnx_in import QuantError
 from opendpu.quant.quantize import QuantConfig, quantize
 from opendpu.runtime.cli import main as cli
@@ -53,10 +52,12 @@ def rich_model(seed=0):
              N("Concat", ["r2", "d3"], ["cat"], axis=1, name="cat"),
              N("Conv", ["cat", "w3"], ["c4"], name="conv4"),
              N("LeakyRelu", ["c4"], ["l4"], alpha=0.1, name="leaky4"),
-             N("Add", ["l4", "three"], ["hs_a"], name="hs_add"), N("Clip", ["hs_a", "zero", "six"], ["hs_c"], name="hs_clip"),
+             N("Add", ["l4", "three"], ["hs_a"], name="hs_add"),
+             N("Clip", ["hs_a", "zero", "six"], ["hs_c"], name="hs_clip"),
              N("Div", ["hs_c", "six"], ["hs_d"], name="hs_div"), N("Mul", ["l4", "hs_d"], ["hsw"], name="hswish"),
              N("GlobalAveragePool", ["hsw"], ["se_p"], name="se_pool"),
-             N("Conv", ["se_p", "se1", "se1b"], ["se_c1"], name="se_fc1"), N("Relu", ["se_c1"], ["se_r"], name="se_relu"),
+             N("Conv", ["se_p", "se1", "se1b"], ["se_c1"], name="se_fc1"),
+             N("Relu", ["se_c1"], ["se_r"], name="se_relu"),
              N("Conv", ["se_r", "se2", "se2b"], ["se_c2"], name="se_fc2"),
              N("HardSigmoid", ["se_c2"], ["se_s"], alpha=1 / 6, beta=0.5, name="se_hsig"),
              N("Mul", ["hsw", "se_s"], ["se_o"], name="se_scale"),
@@ -327,7 +328,8 @@ def test_ops_the_target_cannot_run_stay_float(tmp_path, capsys):
     inits = {"w1": r.normal(0, .05, (4, 3, 17, 17)), "b1": r.normal(0, .1, 4), "w2": r.normal(0, .3, (6, 4, 3, 3)),
              "b2": r.normal(0, .1, 6)}
     N = h.make_node
-    m = _model([N("Conv", ["x", "w1", "b1"], ["c1"], pads=[8, 8, 8, 8], name="big"), N("Relu", ["c1"], ["r1"], name="r1"),
+    m = _model([N("Conv", ["x", "w1", "b1"], ["c1"], pads=[8, 8, 8, 8], name="big"),
+                N("Relu", ["c1"], ["r1"], name="r1"),
                 N("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="small"),
                 N("Softmax", ["c2"], ["y"], axis=1, name="softmax")], inits, [1, 3, 12, 12], ["y"])
     x = calib(16, shape=(3, 12, 12))
@@ -350,7 +352,8 @@ def test_ops_the_target_cannot_run_stay_float(tmp_path, capsys):
     # the inspector gives the same reason
     mp = tmp_path / "m.onnx"
     onnx.save(m, mp)
-    assert cli(["inspect", str(mp), "--target", "DPUCZDX8G_ISA1_B512", "-o", str(tmp_path / "insp"), "--verbose", "2"]) == 0
+    assert cli(["inspect", str(mp), "--target", "DPUCZDX8G_ISA1_B512", "-o", str(tmp_path / "insp"),
+                "--verbose", "2"]) == 0
     out = capsys.readouterr().out
     assert "conv kernel 17x17 > 16" in out and "softmax" in out
     txt = (tmp_path / "insp" / "inspect_DPUCZDX8G_ISA1_B512.txt").read_text()
