@@ -145,6 +145,18 @@ class KeySpace:
                 keys.update(range(base - lo // dc, base - (hi - 1) // dc - 1, -1))
         return keys
 
+    def describe(self, key: int) -> str:
+        """What a key stands for: `bank B lines a..b` or `REG_r bytes a..b` (the chunk it encodes)."""
+        if key >= 0:
+            bank, c = divmod(key, self.nch)
+            lo = c * self.line_chunk
+            return f"bank {bank} line {lo}" if self.line_chunk == 1 else \
+                f"bank {bank} lines {lo}..{lo + self.line_chunk - 1}"
+        v = -1 - key
+        reg, chunk = v >> 40, v & ((1 << 40) - 1)
+        lo = chunk * self.ddr_chunk
+        return f"REG_{reg} byte {lo}" if self.ddr_chunk == 1 else f"REG_{reg} bytes {lo}..{lo + self.ddr_chunk - 1}"
+
     def footprint_keys(self, fp: Footprint) -> tuple[set[int], set[int]]:
         """(read keys, write keys) of a footprint."""
         return self.keys(fp.reads), self.keys(fp.writes)

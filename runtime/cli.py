@@ -347,6 +347,51 @@ def cmd_check(a) -> int:
     return 1 if bad else 0
 
 
+# ---- races -------------------------------------------------------------------------------------------------
+def cmd_races(a) -> int:
+    """Token race check of every DPU subgraph: conflicting accesses that the dpdon/dpdby tokens leave unordered."""
+    from opendpu.isa.deps import KeySpace, find_races
+    from opendpu.isa.fields import OPS
+    from opendpu.isa.footprint import program_footprints
+    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+    g = _load_graph(a.model)
+    sgs = dpu_subgraphs(g)
+    if not sgs:
+        raise CliError(f"{a.model} has no DPU subgraph")
+    if a.subgraph:
+        names = [s.name for s in sgs]
+        sgs = [s for s in sgs if s.name == a.subgraph]
+        if not sgs:
+            raise CliError(f"--subgraph {a.subgraph!r}: no DPU subgraph of that name in {a.model} "
+                           f"(DPU subgraphs: {names})")
+    dpus = [DpuSubgraph(g, sg) for sg in sgs]
+    for d in dpus:
+        d.validate()
+    bad = 0
+    for d in dpus:
+        t0 = time.perf_counter()
+        fps = program_footprints(d.instructions, d.target, d.reg_sizes)
+        races = find_races(d.instructions, fps, d.target, limit=a.limit)
+        dt = time.perf_counter() - t0
+        space = KeySpace(d.target)
+        head = f"{d.name}: {len(d.instructions)} instructions on {d.target.name}"
+        if not races:
+            print(f"RACE-FREE {head}: every conflicting access (exact bank lines and DDR bytes) is ordered by "
+                  f"tokens ({dt:.2f} s)")
+            continue
+        bad += 1
+        more = f" (first {a.limit})" if len(races) >= a.limit else ""
+        print(f"RACES {head}: {len(races)} unordered conflict(s){more} ({dt:.2f} s)")
+        for r in races:
+            if r.kind == "wait":
+                print(f"  {r}")
+                continue
+            i, j = r.first, r.second
+            print(f"  {r.kind} instruction {i} ({OPS[int(d.arrays.op[i])].mnemonic}) -> instruction {j} "
+                  f"({OPS[int(d.arrays.op[j])].mnemonic}) on {space.describe(r.key)}: no token path orders them")
+    return 1 if bad else 0
+
+
 # ---- disasm / xmodel / targets -----------------------------------------------------------------------
 def cmd_disasm(a) -> int:
     from opendpu.runtime.disasm import disasm_subgraph
@@ -777,6 +822,7 @@ _EXAMPLES = {
 """,
     "check": "examples:\n  opendpu check yolox_nano_b512.xmodel -n 2",
     "disasm": "examples:\n  opendpu disasm dpu_mnist_classifier.xmodel | less",
+    "races": "examples:\n  opendpu races yolox_nano_b512.xmodel --limit 5",
     "xmodel": "examples:\n  opendpu xmodel dpu_mnist_classifier.xmodel -v",
     "profile": """examples:
   opendpu profile model.xmodel --trace t.json --plot p.png --csv layers.csv
@@ -847,6 +893,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", help="preset name, fingerprint or arch.json (must match the model)")
     plugin(c)
     c.set_defaults(fn=cmd_check)
+    rc = verb("races", "token race check: conflicting accesses of different engines that no token path orders")
+    rc.add_argument("model")
+    rc.add_argument("--subgraph", help="only this DPU subgraph")
+    rc.add_argument("--limit", type=int_range(1, 100000), default=20, help="report at most this many races per "
+                                                                          "subgraph")
+    rc.set_defaults(fn=cmd_races)
     d = verb("disasm", "print the DPU instructions in text assembly (index, instruction, layer, findings)")
     d.add_argument("model")
     d.add_argument("--subgraph", help="only this DPU subgraph")
