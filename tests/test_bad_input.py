@@ -44,7 +44,8 @@ DIGITS_SRC = os.path.join(REPO, "quant", "models", "digits_cnn.onnx")
 HAVE_MODELS = os.path.isfile(MNIST_SRC) and os.path.isfile(TF2_SRC)
 pytestmark = pytest.mark.skipif(not HAVE_MODELS, reason=f"shared models not present in {MODELS}")
 
-VERBS = ("run", "check", "disasm", "xmodel", "profile", "sweep", "cosim", "quantize", "inspect", "zoo", "targets")
+VERBS = ("run", "check", "disasm", "races", "xmodel", "profile", "sweep", "cosim", "quantize", "inspect", "zoo",
+         "targets")
 ERR_LINE = re.compile(r"^opendpu(?: (?P<verb>[a-z]+))?: error: (?P<msg>.+)$")
 MNIST_SHAPE = "[1, 28, 28, 1]"
 
@@ -643,9 +644,10 @@ USAGE = [
     Case("run_without_input", "run {mnist}", must=["-i"]),
 ]
 USAGE += [Case(f"{v}_without_model", v, must=["model"])
-          for v in ("run", "check", "disasm", "xmodel", "profile", "sweep", "quantize", "inspect")]
+          for v in ("run", "check", "disasm", "races", "xmodel", "profile", "sweep", "quantize", "inspect")]
 USAGE += [Case(f"{v}_unknown_option", f"{argv} --bogus-option", must=["--bogus-option"]) for v, argv in (
-    ("run", RUN), ("check", "check {mnist}"), ("disasm", "disasm {mnist}"), ("xmodel", "xmodel {mnist}"),
+    ("run", RUN), ("check", "check {mnist}"), ("disasm", "disasm {mnist}"), ("races", "races {mnist}"),
+    ("xmodel", "xmodel {mnist}"),
     ("profile", PROFILE), ("sweep", SWEEP), ("cosim", "cosim {mnist}"), ("quantize", QUANT), ("inspect", INSPECT),
     ("zoo", "zoo resnet18"), ("targets", "targets"))]
 USAGE += [Case(f"bad_choice_{i}", argv, must=must) for i, (argv, must) in enumerate((
@@ -787,7 +789,8 @@ COMBOS += [Case(f"{v}_target_missing_json", f"{argv} --target {{arch_missing}}",
 
 # ---- E. input paths: missing, directory, empty, wrong format ------------------------------------------------------
 MODEL_VERBS = {  # verb -> argv with {model}
-    "run": "run {model} -i {x}", "check": "check {model}", "disasm": "disasm {model}", "xmodel": "xmodel {model}",
+    "run": "run {model} -i {x}", "check": "check {model}", "disasm": "disasm {model}", "races": "races {model}",
+    "xmodel": "xmodel {model}",
     "profile": "profile {model}", "sweep": "sweep {model} --param ddr_latency=40,80", "cosim": "cosim {model}",
     "quantize": "quantize {model} --calib {calib}", "inspect": "inspect {model} --target DPUCZDX8G_ISA1_B4096",
 }
@@ -936,7 +939,7 @@ VALUES += [
 XMODELS = [Case(f"truncated_{n}", f"xmodel {{trunc_{n}}}", must=[f"trunc_{n}.xmodel", "not an xmodel"])
            for n in TRUNCATE_AT]
 XMODELS += [Case(f"{v}_truncated", MODEL_VERBS[v].replace("{model}", "{trunc_4000}"), must=["trunc_4000.xmodel"])
-            for v in ("run", "check", "disasm", "profile", "sweep", "cosim")]
+            for v in ("run", "check", "disasm", "races", "profile", "sweep", "cosim")]
 XMODELS += [Case(f"not_an_xmodel_{k}", f"xmodel {{{k}}}", must=[os.path.basename(f), "not an xmodel"])
             for k, f in (("random_bytes", "random.xmodel"), ("png_header", "image.xmodel"),
                          ("text_xmodel", "text.xmodel"), ("onnx_as_xmodel", "digits.xmodel"),
