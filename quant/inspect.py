@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from opendpu.compiler.fixpoint import LEAKY_ALPHA
 from opendpu.quant.onnx_in import QuantError, load_onnx, to_fgraph
 from opendpu.quant.prepare import Prepared, prepare
 from opendpu.quant.xir_out import NHWC_AXIS, act_attrs, geom_attrs, nhwc, xir_weights
@@ -44,7 +45,7 @@ def op_descs(prep: Prepared) -> list:
             sh, sw = a["scales"]
             attrs["scale"] = [sw, sh]
         if n.kind == "act" and n.act == "LEAKYRELU":
-            attrs["alpha"] = float(a.get("alpha") or 26 / 256)
+            attrs["alpha"] = float(a.get("alpha") or LEAKY_ALPHA)
         typ = _ACT_TYPE[n.act] if n.kind == "act" else (a["xir_type"] if n.kind == "float" else _XIR_TYPE[n.kind])
         w = list(xir_weights(n, n.weight).shape) if n.weight is not None else None
         out.append(OpDesc(n.name, typ, attrs, [nhwc(shapes[i]) for i in n.inputs], nhwc(n.shape), w))

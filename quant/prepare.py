@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from opendpu.compiler.fixpoint import LEAKY_ALPHA as _FIXPOINT_LEAKY
 from opendpu.quant.onnx_in import FGraph, Node, QuantError
 
-LEAKY_ALPHA = 26 / 256          # the DPU's only LeakyReLU slope (UG1414; spec §7.2)
+LEAKY_ALPHA = float(_FIXPOINT_LEAKY)   # 26/256, the DPU's only LeakyReLU slope (UG1414; spec §7.2)
 FLOAT_OPS = {"Softmax": "softmax", "Sigmoid": "sigmoid", "Tanh": "tanh"}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from opendpu.compiler.fixpoint import LEAKY_ALPHA, hsigmoid_fields
 from opendpu.compiler.xir.graph import DATA_TYPE_CODES, Graph, Tensor
 from opendpu.quant.emit import QParams
 from opendpu.quant.prepare import Prepared, QNode
@@ -48,7 +49,7 @@ def act_attrs(n: QNode) -> dict:
     """XIR `nonlinear` (and `LEAKYRELU_alpha`) of a conv-like node."""
     out = {"nonlinear": n.act}
     if n.act == "LEAKYRELU":
-        out["LEAKYRELU_alpha"] = float(n.attrs.get("alpha") or 26 / 256)
+        out["LEAKYRELU_alpha"] = float(n.attrs.get("alpha") or LEAKY_ALPHA)
     return out
 
 
@@ -160,7 +161,7 @@ class _Builder:
             raise ValueError(f"op {n.name}: no float form for kind {k}")
         if main != n.name:
             typ = {"RELU": "relu", "RELU6": "relu6", "LEAKYRELU": "leaky-relu"}[n.act]
-            attrs = {"alpha": float(a.get("alpha") or 26 / 256)} if n.act == "LEAKYRELU" else {}
+            attrs = {"alpha": float(a.get("alpha") or LEAKY_ALPHA)} if n.act == "LEAKYRELU" else {}
             self.op(n.name, typ, {"input": [main]}, attrs, float_tensor(n.name, shape))
         self.floated[n.name] = n.name
 
@@ -213,7 +214,7 @@ class _Builder:
 
     def k_act(self, n: QNode):
         if n.act == "LEAKYRELU":
-            attrs = {"type": "LEAKY-RELU", "prelu_in": 26, "prelu_shift": 8}
+            attrs = {"type": "LEAKY-RELU", "prelu_in": int(LEAKY_ALPHA * 2 ** 8), "prelu_shift": 8}   # 26 / 2^8
         else:
             attrs = {"type": "ADD", "nonlinear": n.act}
         self.op(n.name, "eltwise-fix", {"input": [self.fixed_of(n.inputs[0])]}, attrs, self.out_tensor(n))
@@ -236,7 +237,8 @@ class _Builder:
         fin = self.qp.act_fp[n.inputs[0]]
         fout = self.qp.act_fp[n.name]
         self.op(n.name, "hard-sigmoid-fix", {"input": [self.fixed_of(n.inputs[0])]},
-                {"hsigmoid_in": fin, "shift_hsigmoid": 14 + fin - fout}, self.out_tensor(n))
+                dict(zip(("hsigmoid_in", "shift_hsigmoid"), hsigmoid_fields(fin, fout, check=False))),
+                self.out_tensor(n))
         self.fixed[n.name] = n.name
 
     def k_reshape(self, n: QNode):

@@ -94,3 +94,20 @@ def test_corrupted_xmodels_give_documented_errors(data):
                 DpuSubgraph(g, s)
     except (XModelError, RuntimeErrorDPU):
         pass
+
+
+def test_serialization_is_reproducible_across_processes():
+    """The same graph gives the same bytes in every process (protobuf map order does not follow the hash seed)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import hashlib, sys\nfrom opendpu.compiler.xir.graph import Graph\n"
+            "print(hashlib.md5(Graph.load(sys.argv[1]).serialize()).hexdigest())")
+    path = model_path("tf2_custom_op")
+    digests = set()
+    for seed in ("1", "2", "3"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        r = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        digests.add(r.stdout.strip())
+    assert len(digests) == 1

@@ -627,7 +627,7 @@ class Graph:
         return g
 
     def serialize(self) -> bytes:
-        return self.to_proto().SerializeToString()
+        return self.to_proto().SerializeToString(deterministic=True)   # map order fixed: reproducible bytes
 
     def save(self, path: str) -> None:
         data = self.serialize()
