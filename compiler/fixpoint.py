@@ -110,6 +110,11 @@ def dpu_quantize(x, fix_point: int) -> np.ndarray:
     return dpu_round(np.ldexp(np.asarray(x, dtype=np.float64), int(fix_point)))
 
 
+def dequantize(q, fix_point: int) -> np.ndarray:
+    """int8 fixed point -> float32 real values q * 2^-fix_point (fix2float, §7.1); exact in float32."""
+    return np.ldexp(np.asarray(q, dtype=np.float32), -int(fix_point))
+
+
 # --------------------------------------------------------------------------------------------------
 # conv / depthwise shifts (§6.4, §7.2, §7.3)
 # --------------------------------------------------------------------------------------------------

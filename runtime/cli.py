@@ -108,6 +108,21 @@ def _check_cpu_ops(g) -> None:
                        f"module and pass --op-plugin MODULE.py (the module calls runtime.register_op({t!r}, fn))")
 
 
+def _select_dpu_subgraphs(g, model: str, name: str | None = None) -> list:
+    """The DPU subgraphs of a graph (only `name` when given); an error naming the model when there are none."""
+    from opendpu.runtime.dpu import dpu_subgraphs
+    sgs = dpu_subgraphs(g)
+    if not sgs:
+        raise CliError(f"{model} has no DPU subgraph")
+    if name:
+        chosen = [s for s in sgs if s.name == name]
+        if not chosen:
+            raise CliError(f"--subgraph {name!r}: no DPU subgraph of that name in {model} "
+                           f"(DPU subgraphs: {[s.name for s in sgs]})")
+        return chosen
+    return sgs
+
+
 def _warm_kernels() -> float:
     """Compile (or load from the cache) the simulator kernels, reporting it apart from the work's timing."""
     from opendpu.sim import warm_kernels
@@ -300,16 +315,13 @@ def _check_target(dpu, spec) -> None:
 
 
 def cmd_check(a) -> int:
-    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from opendpu.runtime.dpu import DpuSubgraph
     from opendpu.runtime.layers import run_tracked
     from opendpu.runtime.progress import progress_bar
     input_file(a.model, "model")
     _load_plugins(a.op_plugin)
     g = _load_graph(a.model)
-    sgs = dpu_subgraphs(g)
-    if not sgs:
-        raise CliError(f"{a.model} has no DPU subgraph")
-    dpus = [DpuSubgraph(g, sg) for sg in sgs]
+    dpus = [DpuSubgraph(g, sg) for sg in _select_dpu_subgraphs(g, a.model)]
     for dpu in dpus:
         if a.target is not None:
             _check_target(dpu, a.target)
@@ -351,20 +363,10 @@ def cmd_check(a) -> int:
 def cmd_races(a) -> int:
     """Token race check of every DPU subgraph: conflicting accesses that the dpdon/dpdby tokens leave unordered."""
     from opendpu.isa.deps import KeySpace, find_races
-    from opendpu.isa.fields import OPS
     from opendpu.isa.footprint import program_footprints
-    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from opendpu.runtime.dpu import DpuSubgraph
     g = _load_graph(a.model)
-    sgs = dpu_subgraphs(g)
-    if not sgs:
-        raise CliError(f"{a.model} has no DPU subgraph")
-    if a.subgraph:
-        names = [s.name for s in sgs]
-        sgs = [s for s in sgs if s.name == a.subgraph]
-        if not sgs:
-            raise CliError(f"--subgraph {a.subgraph!r}: no DPU subgraph of that name in {a.model} "
-                           f"(DPU subgraphs: {names})")
-    dpus = [DpuSubgraph(g, sg) for sg in sgs]
+    dpus = [DpuSubgraph(g, sg) for sg in _select_dpu_subgraphs(g, a.model, a.subgraph)]
     for d in dpus:
         d.validate()
     bad = 0
@@ -387,24 +389,16 @@ def cmd_races(a) -> int:
                 print(f"  {r}")
                 continue
             i, j = r.first, r.second
-            print(f"  {r.kind} instruction {i} ({OPS[int(d.arrays.op[i])].mnemonic}) -> instruction {j} "
-                  f"({OPS[int(d.arrays.op[j])].mnemonic}) on {space.describe(r.key)}: no token path orders them")
+            print(f"  {r.kind} instruction {i} ({d.instructions[i].op}) -> instruction {j} "
+                  f"({d.instructions[j].op}) on {space.describe(r.key)}: no token path orders them")
     return 1 if bad else 0
 
 
 # ---- disasm / xmodel / targets -----------------------------------------------------------------------
 def cmd_disasm(a) -> int:
     from opendpu.runtime.disasm import disasm_subgraph
-    from opendpu.runtime.dpu import dpu_subgraphs
     g = _load_graph(a.model)
-    sgs = dpu_subgraphs(g)
-    if not sgs:
-        raise CliError(f"{a.model} has no DPU subgraph")
-    if a.subgraph:
-        sgs = [s for s in sgs if s.name == a.subgraph]
-        if not sgs:
-            raise CliError(f"--subgraph {a.subgraph!r}: no DPU subgraph of that name in {a.model} "
-                           f"(DPU subgraphs: {[s.name for s in dpu_subgraphs(g)]})")
+    sgs = _select_dpu_subgraphs(g, a.model, a.subgraph)
     out = sys.stdout
     for sg in sgs:
         text = disasm_subgraph(g, sg)
@@ -478,22 +472,22 @@ def cmd_profile(a) -> int:
     input_file(a.model, "model")
     tm = timing_overrides(a.timing, a.clock_mhz)
     inputs = [a.model] + ([a.target] if a.target and os.path.isfile(a.target) else []) + list(a.op_plugin or [])
-    outs = ((a.trace, (".json",), "Perfetto trace"), (a.json, (".json",), "JSON"), (a.csv, (".csv",), "CSV"),
-            (a.instructions, (".csv",), "per-instruction CSV"),
-            (a.plot, tuple("." + f for f in PLOT_FORMATS), "plot"), (a.txt, (".txt",), "text summary"))
-    seen = {}
-    for path, suffixes, what in outs:
+    outs = (("trace", (".json",)), ("json", (".json",)), ("csv", (".csv",)), ("instructions", (".csv",)),
+            ("plot", tuple("." + f for f in PLOT_FORMATS)), ("txt", (".txt",)))
+    seen: dict[str, str] = {}
+    for opt, suffixes in outs:
+        path = getattr(a, opt)
         if path:
-            check_file(path, suffixes=suffixes, force=a.force, inputs=inputs, what=f"--{_OPT[what]}")
+            check_file(path, suffixes=suffixes, force=a.force, inputs=inputs, what=f"--{opt}")
             key = os.path.abspath(path)
             if key in seen:
-                raise CliError(f"--{_OPT[what]} {path}: the same file is also the {seen[key]} output")
-            seen[key] = what
+                raise CliError(f"--{opt} {path}: the same file is also the --{seen[key]} output")
+            seen[key] = opt
     _load_plugins(a.op_plugin)
     g = _load_graph(a.model)
     tgt = get_target(a.target) if a.target else None
-    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
-    for sg in dpu_subgraphs(g):
+    from opendpu.runtime.dpu import DpuSubgraph
+    for sg in _select_dpu_subgraphs(g, a.model):
         dpu = DpuSubgraph(g, sg)
         if a.target:
             _check_target(dpu, a.target)
@@ -523,13 +517,9 @@ def cmd_profile(a) -> int:
     return 0
 
 
-_OPT = {"Perfetto trace": "trace", "JSON": "json", "CSV": "csv", "per-instruction CSV": "instructions",
-        "plot": "plot", "text summary": "txt"}
-
-
 def cmd_sweep(a) -> int:
     from opendpu.isa.target import get_target
-    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from opendpu.runtime.dpu import DpuSubgraph
     from opendpu.runtime.progress import progress_bar
     from opendpu.sim.sweep import SWEEP_COLUMNS, sweep
     input_file(a.model, "model")
@@ -554,9 +544,7 @@ def cmd_sweep(a) -> int:
     if a.csv:
         check_file(a.csv, suffixes=(".csv",), force=a.force, inputs=[a.model], what="--csv")
     g = _load_graph(a.model)
-    dpus = [DpuSubgraph(g, sg) for sg in dpu_subgraphs(g)]
-    if not dpus:
-        raise CliError(f"{a.model} has no DPU subgraph")
+    dpus = [DpuSubgraph(g, sg) for sg in _select_dpu_subgraphs(g, a.model)]
     t = dpus[0].target
     if a.target:
         t = get_target(a.target)
@@ -618,17 +606,11 @@ def cmd_cosim(a) -> int:
                              gp.reg_sizes, gp.reg_init))
         groups = [(t, programs)]
     else:
-        from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+        from opendpu.runtime.dpu import DpuSubgraph
         g = _load_graph(a.model)
         rng = np.random.default_rng(a.seed)
         groups = []
-        names = [sg.name for sg in dpu_subgraphs(g)]
-        if a.subgraph and a.subgraph not in names:
-            raise CliError(f"--subgraph {a.subgraph!r}: no DPU subgraph of that name in {a.model} "
-                           f"(DPU subgraphs: {names})")
-        for sg in dpu_subgraphs(g):
-            if a.subgraph and sg.name != a.subgraph:
-                continue
+        for sg in _select_dpu_subgraphs(g, a.model, a.subgraph):
             dsg = DpuSubgraph(g, sg)
             t = dsg.target
             if a.target:
@@ -640,8 +622,6 @@ def cmd_cosim(a) -> int:
             xs = [rng.integers(-128, 128, size=s.dims, dtype=np.int8) for s in dsg.inputs]
             instrs, sizes, init = subgraph_program(dsg, xs)
             groups.append((t, [(sg.name, instrs, sizes, init)]))
-        if not groups:
-            raise CliError(f"{a.model} has no DPU subgraph")
     _warm_kernels()
     bad = 0
     for t, progs in groups:

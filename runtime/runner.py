@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from opendpu.compiler.fixpoint import dpu_quantize
+from opendpu.compiler.fixpoint import dequantize, dpu_quantize
 from opendpu.compiler.xir.graph import Graph, Subgraph
 from opendpu.isa.target import Target, get_target
 from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU, TensorSpec, tensor_spec
@@ -280,7 +280,7 @@ class GraphRunner:
                 else:
                     out[spec.name] = (np.asarray(v, np.float32), None)
             elif spec.dtype == "xint8" and np.asarray(v).dtype == np.int8:
-                out[spec.name] = ((np.asarray(v, np.float32) * np.float32(2.0 ** -spec.fix_point)), spec.fix_point)
+                out[spec.name] = (dequantize(v, spec.fix_point), spec.fix_point)
             else:
                 out[spec.name] = (np.asarray(v, np.float32), None)
         return out

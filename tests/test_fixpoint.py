@@ -327,3 +327,11 @@ def test_prelu_codes_reproduce_the_golden(fi, fo):
     y = evaluate("eltwise-fix", [xc, alpha], {"type": "PRELU", "prelu_shift": 6}, [fi, 6], fo, xc.shape)
     want = [[_alu_prelu(int(v), int(alpha[c]), p, n) for c, v in enumerate(row)] for row in xc.reshape(32, 8)]
     assert y.reshape(32, 8).tolist() == want
+
+
+def test_dequantize_hand_values():
+    """fix2float: q * 2^-fix_point, hand-computed, including a negative fix point."""
+    from opendpu.compiler.fixpoint import dequantize
+    got = dequantize(np.array([-128, 1, 127], np.int8), 3)
+    assert got.dtype == np.float32 and got.tolist() == [-16.0, 0.125, 15.875]
+    assert dequantize(np.array([-3, 5], np.int8), -2).tolist() == [-12.0, 20.0]
