@@ -109,27 +109,23 @@ def check_file(path: str, *, suffixes: tuple[str, ...] = (), force: bool = False
             raise OutputError(f"{what} {path} exists and is not writable")
 
 
-def prepare_dir(path: str, *, force: bool = False, inputs=(), what: str = "output directory") -> str:
-    """check_dir, then create the directory if missing (ordinary permissions). Returns its path."""
-    check_dir(path, force=force, inputs=inputs, what=what)
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
-def record(d: str, files: list[str]) -> None:
-    """Add files (relative to d) to d's marker, so a later run may replace them."""
-    old = _marker_files(d) or []
-    allf = sorted(set(old) | {f.replace(os.sep, "/") for f in files})
+def _write_marker(d: str, files) -> None:
     tmp = os.path.join(d, MARKER + ".tmp")
     with open(tmp, "w") as f:
-        json.dump({"tool": "opendpu", "files": allf}, f, indent=1)
+        json.dump({"tool": "opendpu", "files": sorted(files)}, f, indent=1)
     os.replace(tmp, os.path.join(d, MARKER))
 
 
-def publish(tmp: str, d: str, replace_stale: bool = True, inputs=()) -> list[str]:
-    """Move every file under `tmp` into `d` (merging directories, replacing only same-named files), remove
-    stale files of opendpu's previous run in d when `replace_stale`, update the marker. An input of the command
-    is never replaced. Returns the relative paths written."""
+def record(d: str, files: list[str]) -> None:
+    """Add files (relative to d) that opendpu wrote straight into d to its marker, so a later run may replace
+    them."""
+    _write_marker(d, set(_marker_files(d) or []) | {f.replace(os.sep, "/") for f in files})
+
+
+def publish(tmp: str, d: str, inputs=()) -> list[str]:
+    """Move every file under `tmp` into `d` (merging directories, replacing only same-named files), remove the
+    stale files of opendpu's previous run in d, and make the marker list what was written. An input of the
+    command is never replaced. Returns the relative paths written."""
     written = []
     for root, _dirs, files in os.walk(tmp):
         for f in files:
@@ -150,29 +146,17 @@ def publish(tmp: str, d: str, replace_stale: bool = True, inputs=()) -> list[str
                 raise OutputError(f"cannot write {dst}: it is an existing directory")
             shutil.move(os.path.join(root, f), dst)
             written.append(rel.replace(os.sep, "/"))
-    if replace_stale:
-        for rel in set(_marker_files(d) or []) - set(written):
-            p = os.path.join(d, rel)
-            if os.path.isfile(p) or os.path.islink(p):
-                os.remove(p)
-        prev = set(_marker_files(d) or [])
-        keep = [r for r in prev if os.path.exists(os.path.join(d, r))]
-        _write_marker(d, sorted(set(keep) | set(written)))
-    else:
-        record(d, written)
+    for rel in set(_marker_files(d) or []) - set(written):       # opendpu's own files of an earlier run
+        p = os.path.join(d, rel)
+        if os.path.isfile(p) or os.path.islink(p):
+            os.remove(p)
+    _write_marker(d, written)
     return written
 
 
-def _write_marker(d: str, files: list[str]) -> None:
-    tmp = os.path.join(d, MARKER + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump({"tool": "opendpu", "files": files}, f, indent=1)
-    os.replace(tmp, os.path.join(d, MARKER))
-
-
 class DirOutput:
-    """Write a directory output atomically enough: files go to a hidden temporary directory inside the
-    destination's parent-or-self, and are published only when the block succeeds. On failure nothing is left:
+    """Write a directory output safely: files go to a hidden temporary directory inside the destination and
+    are published only when the block succeeds. On failure nothing is left:
     neither the temporary files nor a directory this object created.
 
         with DirOutput(path, force=..., inputs=[...]) as tmp:
@@ -199,9 +183,3 @@ class DirOutput:
             shutil.rmtree(self._tmp, ignore_errors=True)
             if et is not None and self._created:
                 shutil.rmtree(self.path, ignore_errors=True)
-
-
-def remove_if_created(path: str, created: bool) -> None:
-    """Undo a directory this run created (used when the work after prepare_dir fails)."""
-    if created and os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
