@@ -4,9 +4,9 @@ A directory output is created when missing. An existing directory is used only w
 opendpu's marker file (`.opendpu-output`, a JSON list of the files opendpu wrote there); then only those files
 are replaced and stale ones of opendpu's own removed. Anything else (`.`, an ancestor of an input, a foreign
 non-empty directory) needs `force=True`, which writes opendpu's files beside the others and replaces only
-same-named ones. A regular file is never turned into a directory. A file output may replace an existing file only
-when that file has the output's own suffix and is not an input of the command (or with `force=True`); an input
-is never overwritten. Directories get ordinary permissions (umask). Decisions: docs/decisions.md "Outputs".
+same-named ones. A regular file is never turned into a directory. A file output must carry its own suffix; it
+may replace an existing file of that suffix, never an input of the command. Directories get ordinary permissions
+(umask). Decisions: docs/decisions.md "Hardening".
 """
 from __future__ import annotations
 
@@ -87,24 +87,20 @@ def check_dir(path: str, *, force: bool = False, inputs=(), what: str = "output 
                       f"the others (only same-named files are replaced)")
 
 
-def check_file(path: str, *, suffixes: tuple[str, ...] = (), force: bool = False, inputs=(),
-               what: str = "output") -> None:
-    """Raise OutputError unless `path` may be written as a file output (creates nothing)."""
+def check_file(path: str, *, suffixes: tuple[str, ...], inputs=(), what: str = "output") -> None:
+    """Raise OutputError unless `path` may be written as a file output (creates nothing): it carries one of the
+    output's own suffixes, its directory exists and is writable, and it is not an input of the command. An
+    existing file with that suffix is replaced (re-running a command is normal)."""
     if not path:
         raise OutputError(f"{what}: empty path")
     if os.path.isdir(path):
         raise OutputError(f"{what} {path} is a directory; give a file name")
-    if suffixes and not path.lower().endswith(tuple(s.lower() for s in suffixes)):
+    if not path.lower().endswith(tuple(s.lower() for s in suffixes)):
         raise OutputError(f"{what} {path}: the file name must end in {' or '.join(suffixes)}")
     _writable_parent(path, what)
     if os.path.lexists(path):
-        for i in inputs:
-            if i and os.path.exists(i) and os.path.exists(path) and os.path.samefile(i, path):
-                raise OutputError(f"{what} {path} is an input of this command; it is never overwritten")
-        own = suffixes and path.lower().endswith(tuple(s.lower() for s in suffixes))
-        if not own and not force:
-            raise OutputError(f"{what} {path} exists and is not a {'/'.join(suffixes) or 'known'} output; "
-                              f"use --force to replace it")
+        if _is_input(path, inputs):
+            raise OutputError(f"{what} {path} is an input of this command; it is never overwritten")
         if not os.access(path, os.W_OK):
             raise OutputError(f"{what} {path} exists and is not writable")
 
@@ -122,35 +118,46 @@ def record(d: str, files: list[str]) -> None:
     _write_marker(d, set(_marker_files(d) or []) | {f.replace(os.sep, "/") for f in files})
 
 
+def _is_input(path: str, inputs) -> str | None:
+    """The input that `path` is (same file), or None."""
+    for i in inputs:
+        if i and os.path.exists(i) and os.path.exists(path) and os.path.samefile(i, path):
+            return i
+    return None
+
+
 def publish(tmp: str, d: str, inputs=()) -> list[str]:
     """Move every file under `tmp` into `d` (merging directories, replacing only same-named files), remove the
-    stale files of opendpu's previous run in d, and make the marker list what was written. An input of the
-    command is never replaced. Returns the relative paths written."""
-    written = []
-    for root, _dirs, files in os.walk(tmp):
-        for f in files:
-            dst = os.path.join(d, os.path.relpath(os.path.join(root, f), tmp))
-            for i in inputs:
-                if i and os.path.exists(i) and os.path.exists(dst) and os.path.samefile(i, dst):
-                    raise OutputError(f"output {dst} would replace the input {i}; choose another output directory")
+    stale files of opendpu's previous run in d (never one that is an input of this run), and make the marker list
+    what opendpu's files there are. Every conflict (an input that would be replaced, a file where a directory goes,
+    a directory where a file goes) is found before anything moves. Returns the relative paths written."""
+    moves = []
     for root, _dirs, files in os.walk(tmp):
         rel_root = os.path.relpath(root, tmp)
         dst_root = d if rel_root == "." else os.path.join(d, rel_root)
         if os.path.lexists(dst_root) and not os.path.isdir(dst_root):
             raise OutputError(f"cannot write into {dst_root}: it is an existing file")
-        os.makedirs(dst_root, exist_ok=True)
         for f in files:
-            rel = os.path.normpath(os.path.join(rel_root, f))
+            rel = os.path.normpath(os.path.join(rel_root, f)).replace(os.sep, "/")
             dst = os.path.join(d, rel)
             if os.path.isdir(dst):
                 raise OutputError(f"cannot write {dst}: it is an existing directory")
-            shutil.move(os.path.join(root, f), dst)
-            written.append(rel.replace(os.sep, "/"))
-    for rel in set(_marker_files(d) or []) - set(written):       # opendpu's own files of an earlier run
+            i = _is_input(dst, inputs)
+            if i:
+                raise OutputError(f"output {dst} would replace the input {i}; choose another output directory")
+            moves.append((os.path.join(root, f), dst, rel))
+    written = [rel for _, _, rel in moves]
+    stale, kept = [], []            # opendpu's own files of an earlier run; one that is an input now is kept
+    for rel in sorted(set(_marker_files(d) or []) - set(written)):
+        (kept if _is_input(os.path.join(d, rel), inputs) else stale).append(rel)
+    for src, dst, _ in moves:
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.move(src, dst)
+    for rel in stale:
         p = os.path.join(d, rel)
         if os.path.isfile(p) or os.path.islink(p):
             os.remove(p)
-    _write_marker(d, written)
+    _write_marker(d, written + kept)
     return written
 
 
@@ -159,7 +166,8 @@ class DirOutput:
     are published only when the block succeeds. On failure nothing is left:
     neither the temporary files nor a directory this object created.
 
-        with DirOutput(path, force=..., inputs=[...]) as tmp:
+        out = DirOutput(path, force=..., inputs=[...])
+        with out as tmp:
             write files into tmp
         out.written  # relative paths
     """

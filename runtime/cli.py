@@ -188,7 +188,7 @@ def cmd_run(a) -> int:
     tm = timing_overrides(a.timing, a.clock_mhz)
     inputs_all = [a.model] + ins + list(a.op_plugin or [])
     if a.output:
-        check_file(a.output, suffixes=(".npz",), force=a.force, inputs=inputs_all, what="-o")
+        check_file(a.output, suffixes=(".npz",), inputs=inputs_all, what="-o")
     if a.dump:
         check_dir(a.dump, force=a.force, inputs=inputs_all, what="--dump directory")
     gfiles = []
@@ -478,7 +478,7 @@ def cmd_profile(a) -> int:
     for opt, suffixes in outs:
         path = getattr(a, opt)
         if path:
-            check_file(path, suffixes=suffixes, force=a.force, inputs=inputs, what=f"--{opt}")
+            check_file(path, suffixes=suffixes, inputs=inputs, what=f"--{opt}")
             key = os.path.abspath(path)
             if key in seen:
                 raise CliError(f"--{opt} {path}: the same file is also the --{seen[key]} output")
@@ -542,7 +542,7 @@ def cmd_sweep(a) -> int:
     if npoints > 100000:
         raise CliError(f"--param: {npoints} points (the cartesian product) is too many; at most 100000")
     if a.csv:
-        check_file(a.csv, suffixes=(".csv",), force=a.force, inputs=[a.model], what="--csv")
+        check_file(a.csv, suffixes=(".csv",), inputs=[a.model], what="--csv")
     g = _load_graph(a.model)
     dpus = [DpuSubgraph(g, sg) for sg in _select_dpu_subgraphs(g, a.model)]
     t = dpus[0].target
@@ -840,7 +840,7 @@ def build_parser() -> argparse.ArgumentParser:
     def force(x):
         x.add_argument("--force", action="store_true",
                        help="write into a non-empty directory not written by opendpu (only same-named files are "
-                            "replaced), or replace an existing file of another kind")
+                            "replaced)")
 
     def plugin(x):
         x.add_argument("--op-plugin", action="append", metavar="MODULE.py",
@@ -902,7 +902,6 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "cycles coloured by the bounding engine (.png/.svg/.pdf)")
     pr.add_argument("--txt", metavar="P.txt", help="also write the text summary to this file")
     plugin(pr)
-    force(pr)
     pr.set_defaults(fn=cmd_profile)
     sw = verb("sweep", "timing-only sweep of timing parameters (cycles, latency, fps, busy)")
     sw.add_argument("model")
@@ -910,7 +909,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a timing parameter and its values; several --param give the cartesian product")
     sw.add_argument("--target", help="preset, fingerprint or arch.json (timing base); must match the model")
     sw.add_argument("--csv", metavar="S.csv", help="write the rows as CSV")
-    force(sw)
     sw.set_defaults(fn=cmd_sweep)
     cs = verb("cosim", "co-simulate the RTL against the cycle model (bytes and cycles)")
     cs.add_argument("model", nargs="?", help="xmodel (every DPU subgraph, random inputs)")
