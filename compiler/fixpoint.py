@@ -254,9 +254,12 @@ PRELU_SHIFT_MAX = _field("ALUINIT", "shift_prelu_n").hi - 32      # 31: codes ar
 
 
 def slope_encoding(alpha) -> tuple[int, int]:
-    """(m, s) with alpha == m / 2^s exactly and s minimal (a float is always dyadic); ValueError for a
-    non-dyadic Fraction, what Fraction raises for anything else (OverflowError for inf)."""
-    f = Fraction(alpha)
+    """(m, s) with alpha == m / 2^s exactly and s minimal (a float is always dyadic); FixPointError for a
+    non-dyadic or non-finite value."""
+    try:
+        f = Fraction(alpha)
+    except (ValueError, OverflowError, TypeError):          # NaN, inf, not a number
+        raise FixPointError(f"slope {alpha!r} is not a finite number") from None
     d = f.denominator
     if d & (d - 1):
         raise FixPointError(f"slope {alpha!r} is not m/2^s")

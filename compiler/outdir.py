@@ -147,7 +147,8 @@ def publish(tmp: str, d: str, inputs=()) -> list[str]:
                 raise OutputError(f"output {dst} would replace the input {i}; choose another output directory")
             moves.append((os.path.join(root, f), dst, rel))
     written = [rel for _, _, rel in moves]
-    stale, kept = [], []            # opendpu's own files of an earlier run; one that is an input now is kept
+    stale: list[str] = []
+    kept: list[str] = []            # opendpu's own files of an earlier run; one that is an input now is kept
     for rel in sorted(set(_marker_files(d) or []) - set(written)):
         (kept if _is_input(os.path.join(d, rel), inputs) else stale).append(rel)
     for src, dst, _ in moves:

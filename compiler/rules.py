@@ -360,7 +360,7 @@ def fusable_nonlinear(engine: str, nonlinear, target: Target, alpha=None) -> str
             return "LeakyReLU without LEAKYRELU_alpha"
         try:
             a = Fraction(float(alpha))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):          # OverflowError: inf
             return f"LeakyReLU alpha {alpha!r} is not a number"
         if a != LEAKY_ALPHA:
             return (f"LeakyReLU alpha {float(alpha):g} != 26/256 (0.1015625), the slope hard-wired in the "
@@ -751,12 +751,16 @@ def _upsample(op: OpDesc, t: Target) -> Placement:
     x, y = _nhwc(_in(op)), _nhwc(_out(op))
     if x and y:
         _need(x[0] == y[0] and x[3] == y[3], f"upsample {x} -> {y} changes batch or channels")
+        _need(min(x[1], x[2]) > 0, f"upsample input {x} has an empty dimension")
         sh, sw = Fraction(y[1], x[1]), Fraction(y[2], x[2])
     elif op.attrs.get("scale") is not None:
         sc = op.attrs["scale"]
         vals = [sc, sc] if isinstance(sc, (int, float)) else list(sc)
         _need(len(vals) == 2, f"upsample scale {vals} needs [w, h]")
-        sw, sh = (Fraction(float(v)) for v in vals)
+        try:
+            sw, sh = (Fraction(float(v)) for v in vals)
+        except (TypeError, ValueError, OverflowError):      # not a number, NaN, inf
+            raise _Cpu(f"upsample scale {vals} is not a pair of finite numbers") from None
     else:
         raise _Cpu("upsample without scale or shapes")
     _need(sh.denominator == 1 and sw.denominator == 1 and sh >= 1 and sw >= 1,

@@ -336,6 +336,8 @@ def find_races(instrs: Sequence[Instruction], footprints: Sequence[Footprint], t
     qpos = [[0] * 4 for _ in range(4)]
     state: dict[int, list[int]] = {}   # key -> [last writer, its engine, last reader of E0..E3 since]
     races: list[Race] = []
+    if len(instrs) != len(footprints):
+        raise TokenError(f"find_races: {len(instrs)} instructions but {len(footprints)} footprints")
     for i, (ins, fp) in enumerate(zip(instrs, footprints)):
         C = engine_of(ins.op)
         v = list(hb[last[C]]) if last[C] >= 0 else [-1, -1, -1, -1]

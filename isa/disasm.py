@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .check import check_program
 from .program import decode_lenient
+from .target import get_target
 
 
 def disasm(mc, target=None, reg_sizes: dict[int, int] | None = None, layer_of=None) -> str:
@@ -18,6 +19,8 @@ def disasm(mc, target=None, reg_sizes: dict[int, int] | None = None, layer_of=No
     with `; ! field=value: message`; undecodable entries are left out of that check. `layer_of[i]` (a
     sequence or mapping; None entries allowed) adds `; layer NAME`. A stream that does not end with END gets
     a last `; !` line."""
+    if target is not None:
+        target = get_target(target)             # a Target, preset name, fingerprint or arch.json
     entries = decode_lenient(mc)
     notes: dict[int, list[str]] = {}
     if target is not None:

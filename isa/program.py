@@ -220,7 +220,7 @@ def parse_line(line: str, index: int | None = None) -> Instruction | None:
     if tok[0].isdigit():                        # the instruction index `isa.disasm` prints first
         tok = tok[1:]
         if not tok:
-            return None
+            raise IsaError(f"line {s!r} holds an instruction index but no instruction", index)
     op = tok[0]
     if op.startswith("<invalid"):
         raise IsaError(f"the listing marks this word invalid: {s}", index)

@@ -70,6 +70,13 @@ class DpuSubgraph:
         self.op_names = graph.toposort(sg.all_ops())
         self.inputs = self._interface_inputs()
         self.outputs = self._interface_outputs()
+        for what, specs in (("input", self.inputs), ("output", self.outputs)):
+            for spec in specs:        # every image in an allocated register, inside it: checked once, up front
+                if spec.reg_id not in self.reg_sizes:
+                    raise RuntimeErrorDPU(f"subgraph {sg.name!r}: {what} {spec.name!r} lies in REG_{spec.reg_id}, "
+                                          f"which reg_id_to_size does not allocate")
+                with _abi_errors():
+                    abi.image_extent(spec, self.reg_sizes[spec.reg_id], what)
 
     # ---- interface tensors (spec §8.3) -------------------------------------------------------
     def _interface_inputs(self) -> list[TensorSpec]:

@@ -34,7 +34,12 @@ def digits_calib(tmp_path_factory):
 def quantized(tmp_path_factory, digits_calib):
     """The digits CNN quantized once through the CLI: (output dir, xmodel path, golden dir)."""
     out = tmp_path_factory.mktemp("q") / "q"
-    assert cli(["quantize", zoo.DIGITS_ONNX, "--calib", str(digits_calib), "-o", str(out), "--method", "maxmin"]) == 0
+    old = os.umask(0o022)             # a known umask: the created directories must then be 0755, not mkdtemp's 0700
+    try:
+        assert cli(["quantize", zoo.DIGITS_ONNX, "--calib", str(digits_calib), "-o", str(out), "--method",
+                    "maxmin"]) == 0
+    finally:
+        os.umask(old)
     return out, out / "digits_cnn_int.xmodel", out / "golden"
 
 
@@ -73,11 +78,8 @@ def test_existing_foreign_directory_needs_force_and_force_replaces_only_own_file
 
 def test_created_directories_have_normal_permissions(quantized):
     out, xm, golden = quantized
-    mode = stat.S_IMODE(os.stat(out).st_mode)
-    umask = os.umask(0)
-    os.umask(umask)
-    assert mode == 0o777 & ~umask                                               # not mkdtemp's 0700
-    assert stat.S_IMODE(os.stat(golden).st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o755                   # not mkdtemp's 0700
+    assert stat.S_IMODE(os.stat(golden).st_mode) == 0o755
 
 
 def test_marked_directory_is_reused_and_stale_own_files_removed(tmp_path):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from opendpu.compiler.xir import dpu_abi as abi
-from opendpu.compiler.xir.graph import Attrs, Graph, Subgraph, Tensor
+from opendpu.compiler.xir.graph import Attrs, Graph, Subgraph, Tensor, XModelError
 from opendpu.isa.target import Target
 from opendpu.runtime.cli import main as cli
 from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU, dpu_subgraphs
@@ -12,6 +12,8 @@ from tests.conftest import MODEL_NAMES, model_path
 
 IMAGE_ATTRS = (abi.REG_ID, abi.DDR_ADDR, abi.LOCATION, abi.STRIDE)
 
+
+NOT_WRITTEN_YET = {"children_topological_sort", "debug_mode", "if_prefetch", "workload_on_arch"}
 
 def _image_tensors(g: Graph, sg: Subgraph) -> list[Tensor]:
     """Tensors holding the interface DDR images per spec §8.3: upload outputs and download inputs."""
@@ -70,6 +72,8 @@ def test_abi_roundtrip_on_real_models(name):
         new = k.root.find(sg.name)
         written = [n for n in abi.SUBGRAPH_ATTR_KINDS if n in new.attrs]
         assert set(written) == set(abi.SUBGRAPH_ATTR_KINDS)
+        # against AMD's own attribute set: exactly these are not written yet (left to the code generator)
+        assert set(sg.attrs) - set(new.attrs) <= NOT_WRITTEN_YET, set(sg.attrs) - set(new.attrs) - NOT_WRITTEN_YET
         for n in written:
             assert (new.attrs.kinds[n], new.attrs[n]) == (sg.attrs.kinds[n], sg.attrs[n]), n
         for t in _image_tensors(k, new):
@@ -199,10 +203,31 @@ def test_reader_errors_keep_the_runtime_messages(mnist_path):
     g = Graph.load(mnist_path)
     sg = dpu_subgraphs(g)[0]
     sg.attrs.set(abi.REG_ID_TO_SIZE, {**sg.attrs[abi.REG_ID_TO_SIZE], "REGISTER_9": 16}, "map_string_2_int32_value")
-    msg = f"subgraph {sg.name!r}: reg_id_to_size has a bad register key 'REGISTER_9'"
+    msg = f"subgraph {sg.name!r}: reg_id_to_size has a bad register key 'REGISTER_9' (REG_0..REG_7)"
     with pytest.raises(abi.DpuAbiError) as e:
         abi.read_dpu_subgraph(sg)
     assert str(e.value) == msg
     with pytest.raises(RuntimeErrorDPU) as e:
         DpuSubgraph(g, sg)
     assert str(e.value) == msg
+
+
+@pytest.mark.parametrize("key", ["REG_²", "REG_8", "REG_-1", "REG_"])
+def test_register_keys_outside_reg0_to_reg7_are_refused(mnist_path, key):
+    """Only REG_0..REG_7 with ASCII digits (the 3-bit reg_id field); '²'.isdigit() is True but int('²') fails."""
+    g = Graph.load(mnist_path)
+    sg = dpu_subgraphs(g)[0]
+    sg.attrs.set(abi.REG_ID_TO_SIZE, {**sg.attrs[abi.REG_ID_TO_SIZE], key: 16}, "map_string_2_int32_value")
+    with pytest.raises((RuntimeErrorDPU, XModelError), match="bad register key"):
+        DpuSubgraph(Graph.deserialize(g.serialize()), dpu_subgraphs(Graph.deserialize(g.serialize()))[0])
+
+
+def test_interface_image_in_an_unallocated_register_is_refused(mnist_path):
+    """An upload tensor whose reg_id names no allocated register: a clear error when the subgraph is read,
+    not a ValueError from the machine at run time."""
+    g = Graph.load(mnist_path)
+    sg = dpu_subgraphs(g)[0]
+    up = next(n for n in g.toposort(sg.all_ops()) if g.ops[n].type == "upload")
+    g.ops[up].output.attrs.set("reg_id", 5, g.ops[up].output.attrs.kinds["reg_id"])
+    with pytest.raises(RuntimeErrorDPU, match="REG_5, which reg_id_to_size does not allocate"):
+        DpuSubgraph(g, sg)

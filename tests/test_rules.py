@@ -477,3 +477,16 @@ def test_format_report():
     assert format_report(ops, None, B4096) == txt
     with pytest.raises(ValueError):
         format_report(ops, [], B4096)
+
+
+def test_non_finite_and_empty_attributes_go_to_the_cpu_with_a_reason():
+    """inf / NaN slopes and scales and an empty input dimension are CPU placements that say why, never a raw
+    OverflowError or ZeroDivisionError."""
+    t = Target.from_name("DPUCZDX8G_ISA1_B512")
+    cases = [(OpDesc("l", "leaky-relu", {"alpha": float("inf")}, [[1, 4, 4, 8]], [1, 4, 4, 8]), "alpha inf"),
+             (OpDesc("u", "upsample", {"scale": [float("inf"), 2]}, [[1, 4, 4, 8]], []), "finite"),
+             (OpDesc("u", "upsample", {"scale": [float("nan"), 2]}, [], []), "finite"),
+             (OpDesc("u", "upsample", {}, [[1, 0, 4, 8]], [1, 8, 8, 8]), "empty dimension")]
+    for op, why in cases:
+        p = place(op, t)
+        assert p.device == "CPU" and why in p.reason, (op, p)

@@ -13,7 +13,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from opendpu.compiler.xir.graph import Graph, Subgraph, Tensor, XModelError
+from opendpu.compiler.xir.graph import Graph, Subgraph, Tensor, XModelError, reg_id_of
+from opendpu.isa.check import NUM_REGS          # REG_0 … REG_7 on DPUCZDX8G (3-bit reg_id fields)
 from opendpu.isa.target import Target, TargetError
 
 
@@ -56,7 +57,6 @@ CONTEXT_V1 = {CONST: CONST, DATA: DATA, WORKSPACE: DATA, INTERFACE: DATA}
 HW_SEGMENT = {CONST: "W0", DATA: "D0", WORKSPACE: "D0", INTERFACE: "D0"}
 
 REG_PREFIX = "REG_"
-NUM_REGS = 8                    # REG_0 … REG_7 on DPUCZDX8G (3-bit reg_id fields)
 MAX_DDR_BYTES = 1 << 31         # all DDR registers of one subgraph; the largest shared model uses ~34 MB
 INT32_MAX = (1 << 31) - 1       # reg_id_to_size and the tensor attributes are int32 in AMD's models
 
@@ -121,9 +121,10 @@ def read_reg_map(sg: Subgraph, key: str) -> dict[int, Any]:
     m = sg.attrs.get(key) or {}
     out = {}
     for k, v in m.items():
-        if not k.startswith(REG_PREFIX) or not k[4:].isdigit():
-            raise DpuAbiError(f"subgraph {sg.name!r}: {key} has a bad register key {k!r}")
-        out[int(k[4:])] = v
+        r = reg_id_of(k)
+        if r is None or not 0 <= r < NUM_REGS:
+            raise DpuAbiError(f"subgraph {sg.name!r}: {key} has a bad register key {k!r} (REG_0..REG_{NUM_REGS - 1})")
+        out[r] = v
     return out
 
 

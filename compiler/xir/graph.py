@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import os
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -38,6 +39,12 @@ FIX_POINT_RANGE = (-64, 64)
 MAX_REG_SIZE = 1 << 32
 MAX_XMODEL_BYTES = 1 << 32
 
+
+
+def reg_id_of(key) -> int | None:
+    """The register id of a `REG_<n>` key of the reg_id_to_* maps (ASCII digits only), or None."""
+    m = re.fullmatch(r"REG_([0-9]+)", key) if isinstance(key, str) else None
+    return int(m.group(1)) if m else None
 
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
@@ -406,7 +413,7 @@ def _check_subgraph(sg: Subgraph) -> None:
         if not m:
             continue
         for reg, v in m.items():
-            if not isinstance(reg, str) or not reg.startswith("REG_") or not reg[4:].isdigit():
+            if reg_id_of(reg) is None:
                 raise XModelError(f"{where}: {k} has a bad register key {_short(reg)} (expected REG_<n>)")
             if k == "reg_id_to_size" and (not _is_int(v) or not 0 <= v <= MAX_REG_SIZE):
                 raise XModelError(f"{where}: {k}[{reg}] = {_short(v)} is not a size in 0..{MAX_REG_SIZE} bytes")
