@@ -16,8 +16,7 @@ executor's order). So for a program run from a fresh machine, the first problem 
 ExecError: same instruction, field, value and message text (`Problem.text == str(ExecError)`).
 Messages come from `problem_message`, which the executor uses as well.
 
-The error kinds below have the numbers of the executor's error records (sim/_kernels.py E_*);
-sim/executor.py checks that both tables agree when it is imported.
+The error kinds below are the numbers the executor's kernels report (sim/_kernels.py imports them from here).
 """
 from __future__ import annotations
 
@@ -31,10 +30,11 @@ from .program import OP_INDEX, Instruction, IsaError, ProgramArrays, to_arrays
 from .target import Target
 
 NUM_REGS = 8
-# Largest working tile (elements) the emulator allocates for one CONV/ALU/ELEW (sim/_kernels.py MAX_TILE).
+# Largest working tile (elements) the emulator allocates for one CONV/ALU/ELEW; real programs stay far below
+# (YOLOX-nano: < 2^20). Larger instructions are legal encodings but raise E_TOO_BIG. sim/_kernels.py reads it here.
 MAX_TILE = 1 << 26
 
-# ---- error kinds (numbering of sim/_kernels.py) ---------------------------------------------------------
+# ---- error kinds (the numbers the executor reports; sim/_kernels.py imports them) -----------------------------
 KIND_NAMES = ("none", "bank_any", "bank_img", "reg", "mode_avg", "pad_start", "pad_end", "ddr_read",
               "ddr_write", "argmax_target", "argmax_ch", "noinit", "vpp", "kernel", "stride", "soi",
               "shift_bias", "act", "pass", "exec_mode", "alu_1x1", "kd", "elew_type", "elew_num", "elew_id",
@@ -43,7 +43,6 @@ KIND_NAMES = ("none", "bank_any", "bank_img", "reg", "mode_avg", "pad_start", "p
  E_ARGMAX_TARGET, E_ARGMAX_CH, E_NOINIT, E_VPP, E_KERNEL, E_STRIDE, E_SOI, E_SHIFT_BIAS, E_ACT, E_PASS,
  E_EXEC_MODE, E_ALU_1X1, E_KD, E_ELEW_TYPE, E_ELEW_NUM, E_ELEW_ID, E_JUMP_BANK, E_LEGACY,
  E_TOO_BIG) = range(len(KIND_NAMES))
-KIND_CONSTANTS = tuple("E_" + n.upper() for n in KIND_NAMES)
 
 ACT_NAMES = {0: "none", 1: "ReLU", 3: "leaky ReLU", 4: "ReLU6"}
 
@@ -270,8 +269,9 @@ def _geometry(rec: _Records, rows, f, kh, kw, sh, sw, soi, sb, kmax: int, smax: 
     rec.put(rows, f[:, sb] > 20, E_SHIFT_BIAS, sb, f[:, sb], 0, 20)
 
 
-def _act_ok(act: np.ndarray, leaky: bool) -> np.ndarray:
-    return (act == 0) | (act == 1) | (act == 4) | ((act == 3) & bool(leaky))
+def _act_ok(act: np.ndarray, allowed: tuple[int, ...]) -> np.ndarray:
+    """act_type codes the engine accepts: Target.conv_nonlinear / alu_nonlinear (the same list the message names)."""
+    return np.isin(act, allowed)
 
 
 def _pass(rec: _Records, rows, col, bank_in, soi, rows_in, sh, pp: int) -> None:
@@ -385,13 +385,14 @@ def check_program(prog, target: Target, reg_sizes: Mapping[int, int] | None) -> 
     f = fl[C]
     rec.put(C, f[:, CI_VPP] > pp, E_VPP, CI_VPP, f[:, CI_VPP], 1, pp, 0)
     _geometry(rec, C, f, CI_KH, CI_KW, CI_SH, CI_SW, CI_SOI, CI_SB, t.conv_kernel_max, t.conv_stride_max)
-    rec.put(C, ~_act_ok(f[:, CI_ACT], t.cv_lkrl), E_ACT, CI_ACT, f[:, CI_ACT], 0, 0, 0)
+    rec.put(C, ~_act_ok(f[:, CI_ACT], t.conv_nonlinear), E_ACT, CI_ACT, f[:, CI_ACT], 0, 0, 0)
     A = rows[_ALUINIT]
     f = fl[A]
     mode = f[:, AI_MODE]
-    rec.put(A, mode > 8, E_EXEC_MODE, AI_MODE, mode, 0, 8)
+    mode_max = max(t.alu_exec_modes)
+    rec.put(A, mode > mode_max, E_EXEC_MODE, AI_MODE, mode, 0, mode_max)
     _geometry(rec, A, f, AI_KH, AI_KW, AI_SH, AI_SW, AI_SOI, AI_SB, t.alu_kernel_max, t.alu_stride_max)
-    rec.put(A, ~_act_ok(f[:, AI_ACT], t.dw_lkrl), E_ACT, AI_ACT, f[:, AI_ACT], 0, 0, 1)
+    rec.put(A, ~_act_ok(f[:, AI_ACT], t.alu_nonlinear), E_ACT, AI_ACT, f[:, AI_ACT], 0, 0, 1)
     m147 = (mode == 1) | (mode == 4) | (mode == 7)
     for c in (AI_KH, AI_KW, AI_SH, AI_SW):
         rec.put(A, m147 & (f[:, c] != 1), E_ALU_1X1, c, f[:, c], 1, 1, mode)

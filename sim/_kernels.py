@@ -46,14 +46,11 @@ STATE_VALID = MAX_FIELDS          # slot of conv_st / alu_st that flags "INIT se
  T_CKMAX, T_CSMAX, T_AKMAX, T_ASMAX) = range(16)
 NTP = 16
 
-# ---- error kinds (messages are built in sim/executor.py) -------------------------------------------
-(E_NONE, E_BANK_ANY, E_BANK_IMG, E_REG, E_MODE_AVG, E_PAD_START, E_PAD_END, E_DDR_READ, E_DDR_WRITE,
- E_ARGMAX_TARGET, E_ARGMAX_CH, E_NOINIT, E_VPP, E_KERNEL, E_STRIDE, E_SOI, E_SHIFT_BIAS, E_ACT, E_PASS,
- E_EXEC_MODE, E_ALU_1X1, E_KD, E_ELEW_TYPE, E_ELEW_NUM, E_ELEW_ID, E_JUMP_BANK, E_LEGACY, E_TOO_BIG) = range(28)
-
-# Largest working tile (elements) the emulator allocates for one CONV/ALU/ELEW; real programs stay
-# far below (YOLOX-nano: < 2^20). Larger instructions are legal encodings but raise E_TOO_BIG.
-MAX_TILE = 1 << 26
+# ---- error kinds and the tile limit: isa.check owns them (it also builds the messages) ------------------
+from opendpu.isa.check import (  # noqa: E402,F401 - module constants the jitted code reads as compile-time values
+    E_ACT, E_ALU_1X1, E_ARGMAX_CH, E_ARGMAX_TARGET, E_BANK_ANY, E_BANK_IMG, E_DDR_READ, E_DDR_WRITE, E_ELEW_ID,
+    E_ELEW_NUM, E_ELEW_TYPE, E_EXEC_MODE, E_JUMP_BANK, E_KD, E_KERNEL, E_LEGACY, E_MODE_AVG, E_NOINIT, E_NONE,
+    E_PAD_END, E_PAD_START, E_PASS, E_REG, E_SHIFT_BIAS, E_SOI, E_STRIDE, E_TOO_BIG, E_VPP, MAX_TILE)
 
 
 def _c(op, name):
