@@ -247,8 +247,8 @@ def test_progress_bar_modes():
 
 
 def test_cosim_progress_stages():
-    """cosim_programs reports its stages in order, each ending with done == total, and the results are
-    the same as without a callback (the build is the one of tests/test_hw_core.py for SMALL)."""
+    """cosim_programs reports its stages in order, each ending with done == total, and the programs still match
+    (the build is the one of tests/test_hw_core.py for SMALL)."""
     from opendpu.runtime.cosim import cosim_programs
     progs = []
     for s in range(3):

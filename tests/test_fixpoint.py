@@ -158,15 +158,19 @@ def test_conv_shifts_agree_with_the_golden_exhaustively():
     assert golden_ops._conv_shifts(ctx_of("conv2d-fix", "", [], {}, [3, 7], 6, ()), False)[0] == 4
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.integers(-64, 64), st.integers(-64, 64), st.integers(-64, 64))
-def test_golden_bias_limit_implies_field_limit(fi, fw, fb):
-    # the golden refuses sb_eff > 50; the DPU field already stops at 20
-    try:
-        golden_ops._conv_shifts(golden_ops._Ctx("conv2d-fix", "", [], {}, [fi, fw, fb], 0, ()), True)
-    except golden_ops.RefError:
-        with pytest.raises(F.FixPointError, match="shift_bias"):
-            F.shift_bias(fi, fw, fb)
+def test_golden_bias_limit_implies_field_limit():
+    """Only fi + fw - fb matters: wherever the golden refuses the bias shift (sb_eff > 50), the DPU field check
+    (shift_bias <= 20) refuses it too; checked over every difference, with both sides counted."""
+    refused = 0
+    for d in range(-70, 71):
+        fi, fw, fb = d, 0, 0
+        try:
+            golden_ops._conv_shifts(golden_ops._Ctx("conv2d-fix", "", [], {}, [fi, fw, fb], 0, ()), True)
+        except golden_ops.RefError:
+            refused += 1
+            with pytest.raises(F.FixPointError, match="shift_bias"):
+                F.shift_bias(fi, fw, fb)
+    assert refused == 70 - 50                      # d = 51..70: the golden's limit, hand-counted
 
 
 def test_shift_range_checks_hand_values():
