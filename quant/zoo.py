@@ -390,8 +390,9 @@ def count(model: onnx.ModelProto) -> dict:
     return {"macs": int(macs), "gops": 2 * macs / 1e9, "params": int(params)}
 
 
-def summary(names=None, input_size=None) -> list[dict]:
-    """One row per model: counted MACs/GOPs/params at `input_size` (default: each model's own) and published values."""
+def summary(names=None, input_size=None, models: dict | None = None) -> list[dict]:
+    """One row per model: counted MACs/GOPs/params at `input_size` (default: each model's own) and published values.
+    `models`, when given, receives the built ModelProtos by name (so an export does not build them again)."""
     rows = []
     names = list(NAMES if names is None else names)
     for n in names:                                 # every name and the size checked before any model is built
@@ -403,6 +404,8 @@ def summary(names=None, input_size=None) -> list[dict]:
         m = build(n, input_size)
         dims = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
         c = count(m)
+        if models is not None:
+            models[n] = m
         rows.append({"name": n, "input": "x".join(map(str, dims)), **c,
                      "published_gops": PUBLISHED[n]["gops"], "published_params": PUBLISHED[n]["params"]})
     return rows

@@ -743,7 +743,8 @@ def cmd_zoo(a) -> int:
         raise CliError(f"a zoo model is named twice: {' '.join(names)}")
     if a.export:
         check_dir(a.export, force=a.force, what="--export directory")
-    rows = zoo.summary(names, a.size)
+    built: dict = {}
+    rows = zoo.summary(names, a.size, models=built)
     print(f"{'model':14s} {'input':16s} {'GMACs':>7s} {'GOPs':>7s} {'params':>11s} {'published GOPs':>14s} "
           f"{'published params':>16s}")
     for r in rows:
@@ -755,7 +756,7 @@ def cmd_zoo(a) -> int:
         import onnx
         with DirOutput(a.export, force=a.force, what="--export directory") as tmp:
             for n in names:
-                onnx.save(zoo.build(n, a.size), os.path.join(tmp, f"{n}.onnx"))
+                onnx.save(built[n], os.path.join(tmp, f"{n}.onnx"))
         for n in names:
             print(f"wrote {os.path.join(a.export, n + '.onnx')}")
     return 0
