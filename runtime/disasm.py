@@ -1,10 +1,11 @@
 """Disassembly of a DPU subgraph: `isa.disasm.disasm` with the subgraph's target, register sizes and the
 xmodel layer of every instruction.
 
-Layer names come from the profiler's attribution (runtime/profile.py: the layers are the child subgraphs in
-`children_topological_sort` order; compute instructions fill their ops in order, LOADs/SAVEs follow the
-tokens) on a timing-only schedule. A program whose schedule cannot be built (e.g. a CONV before any
-CONVINIT, a deadlock), or whose mc_code does not decode, is listed without layer names.
+Layer names come from the compiler's exact instruction -> layer map when the program carries one
+(`opendpu_layer_map`, programs compiled by opendpu), else from the profiler's attribution (runtime/profile.py:
+the layers are the child subgraphs in `children_topological_sort` order; compute instructions fill their ops in
+order, LOADs/SAVEs follow the tokens) on a timing-only schedule. A program whose schedule cannot be built (e.g. a
+CONV before any CONVINIT, a deadlock), or whose mc_code does not decode, is listed without layer names.
 """
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU, _reg_map
 def layer_names(dpu: DpuSubgraph) -> list[str | None] | None:
     """Layer (child subgraph) name of every instruction through the first END, or None when the program's
     schedule cannot be built or the subgraph has no layers."""
-    from opendpu.runtime.profile import _attribute, _layers_of
+    from opendpu.runtime.profile import _attribute, _layers_of, exact_layer_map
     from opendpu.sim.executor import ExecError
     from opendpu.sim.timing import DeadlockError, WatchdogError, simulate
+    exact = exact_layer_map(dpu)
+    if exact is not None:               # compiled by opendpu: the compiler's own map, no schedule needed
+        return list(exact)
     layers = _layers_of(dpu)
     if not layers:
         return None

@@ -8,6 +8,9 @@ docs/decisions.md:
   Their INITs go with them.
 * A LOAD belongs to the layer of the compute instruction that consumes its group's token.
 * A SAVE belongs to the layer of the compute instruction whose token its group waits for.
+A program compiled by opendpu carries the exact instruction -> layer map (`opendpu_layer_map`, written by
+compiler.emit); then every instruction goes to the layer the compiler generated it for, and only the compute
+elements are still counted per op (for `attribution_quality`).
 Each cycle of the run is charged to one layer. That is the layer of the active instruction, by
 priority CONV > MISC > LOAD > SAVE. An idle cycle goes to the next instruction to start. So the
 per-layer times add up exactly to the total. The cycles a layer is charged with, in time order, are its
@@ -338,10 +341,24 @@ class Profile:
 
 
 # ---- attribution ------------------------------------------------------------------------------------
+def exact_layer_map(dpu: DpuSubgraph) -> list[str] | None:
+    """The compiler's instruction -> layer (child subgraph) map of a program compiled by opendpu, else None; a
+    damaged map is a RuntimeErrorDPU."""
+    from opendpu.compiler.emit import EmitError, layer_map_of
+    try:
+        return layer_map_of(dpu.sg, len(dpu.instructions))
+    except EmitError as e:
+        raise RuntimeErrorDPU(str(e)) from None
+
+
 def _layers_of(dpu: DpuSubgraph) -> list[Layer]:
     g, sg = dpu.graph, dpu.sg
     kids = {c.name: c for c in sg.children}
-    order = sg.attrs.get("children_topological_sort") or [c.name for c in sg.children]
+    order = list(sg.attrs.get("children_topological_sort") or [c.name for c in sg.children])
+    exact = exact_layer_map(dpu)
+    if exact is not None:        # every layer the map names, in program order where the sort does not list it
+        named = set(exact)
+        order = [n for n in order if n in named] + [n for n in dict.fromkeys(exact) if n not in order]
     cp = dpu.target.cp
     out = []
     for n in order:
@@ -359,7 +376,7 @@ def _layers_of(dpu: DpuSubgraph) -> list[Layer]:
             ch = shp[-1] if shp else 1
             elems = int(np.prod(shp[:-1])) * (-(-ch // cp) * cp) if shp else cp
             exp.append((k, o, elems, _signature(g, op, k)))
-        if not exp and c.attrs.get("skip_code_gen"):
+        if not exp and c.attrs.get("skip_code_gen") and exact is None:
             continue
         wl = c.attrs.get("workload")
         out.append(Layer(n, ops, int(wl) if wl is not None else 0, expected=exp,
@@ -389,15 +406,25 @@ def _signature(g: Graph, op, kind: int):
     return conv_shifts(fi, fw, fo, fb, check=False)
 
 
-def _attribute(dpu: DpuSubgraph, s: Schedule, layers: list[Layer]) -> np.ndarray:
-    n = len(s)
+def _fixed_layers(dpu: DpuSubgraph, layers: list[Layer], n: int) -> np.ndarray | None:
+    """The layer index of each of the first n instructions from the compiler's exact map, or None."""
+    exact = exact_layer_map(dpu)
+    if exact is None:
+        return None
+    index = {ly.name: k for k, ly in enumerate(layers)}
+    return np.array([index[x] for x in exact[:n]], np.int64)
+
+
+def _attribute(dpu: DpuSubgraph, s: Schedule | None, layers: list[Layer]) -> np.ndarray:
+    """The layer of every instruction (`s`, the schedule, is needed unless the program carries the exact map)."""
     a = dpu.arrays
+    n = len(s) if s is not None else len(a.op)
     op = a.op[:n].astype(np.int64)
     fl = a.fields[:n]
-    eng = s.engine
     lay = np.full(n, -1, np.int64)
     if not layers:
         return np.zeros(n, np.int64)
+    fixed = _fixed_layers(dpu, layers, n)
     t = dpu.target
     # compute jobs per kind (CONV, ALU, ELEW): [layer, op name, expected elements, signature, produced]
     jobs = [[[li, e[1], e[2], e[3], 0] for li, ly in enumerate(layers) for e in ly.expected if e[0] == k]
@@ -410,6 +437,12 @@ def _attribute(dpu: DpuSubgraph, s: Schedule, layers: list[Layer]) -> np.ndarray
 
     def choose(k, sig, keep):
         q = jobs[k]
+        if fixed is not None:          # the compiler named the layer: only its ops of this kind
+            q = [j for j in q if j[0] == fixed[i]]
+            if keep is not None and keep[0] != fixed[i]:
+                keep = None
+            if not q:
+                return None
         if keep is not None and keep[4] < keep[2] and (keep[3] is None or sig is None or keep[3] == sig):
             return keep
         first = None
@@ -430,14 +463,14 @@ def _attribute(dpu: DpuSubgraph, s: Schedule, layers: list[Layer]) -> np.ndarray
         if o == _CONVINIT:
             conv_vpp = int(f[ci["valid_pixel_parallel"]])
             cur[0] = choose(0, (int(f[ci["shift_cut"]]), int(f[ci["shift_bias"]])), cur[0])
-            lay[i] = cur[0][0]
+            lay[i] = cur[0][0] if cur[0] is not None else -1
             continue
         if o == _ALUINIT:
             alu_len, alu_cg = int(f[ai["length"]]), int(f[ai["channel_group"]])
             mode = int(f[ai["exec_mode"]])
             sig = (int(f[ai["shift_cut"]]), int(f[ai["shift_bias"]])) if mode in (0, 6) else None
             cur[1] = choose(1, sig, cur[1])
-            lay[i] = cur[1][0]
+            lay[i] = cur[1][0] if cur[1] is not None else -1
             continue
         if o == _ELEWINIT_:
             pending_elewinit.append(i)
@@ -450,14 +483,20 @@ def _attribute(dpu: DpuSubgraph, s: Schedule, layers: list[Layer]) -> np.ndarray
             made = int(f[ew["valid_pixel_parallel"]]) * int(f[ew["length"]]) * int(f[ew["channel_group"]]) * t.cp
             cur[2] = choose(2, (int(f[ew["num"]]),), cur[2])
             for p in pending_elewinit:
-                lay[p] = cur[2][0]
+                lay[p] = cur[2][0] if cur[2] is not None else -1
             pending_elewinit = []
-        if cur[k] is None:
+        if cur[k] is None or (fixed is not None and cur[k][0] != fixed[i]):
             cur[k] = choose(k, None, None)
         j = cur[k]
+        if j is None:                  # exact map: a compute instruction of a layer without such ops (a copy)
+            continue
         lay[i] = j[0]
         j[4] += made
         layers[j[0]].produced[j[1]] = layers[j[0]].produced.get(j[1], 0) + made
+    if fixed is not None:
+        return fixed
+    assert s is not None
+    eng = s.engine
     # LOAD -> consumer of its group's token; SAVE -> producer of its group's token (the schedule's pairing)
     src = s.token_source
     consumer = np.full(n, -1, np.int64)
