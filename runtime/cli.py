@@ -1,4 +1,4 @@
-"""`opendpu` command line: run, check, disasm, xmodel, targets (xdputil-like)."""
+"""`opendpu` command line: run, check, disasm, xmodel, targets (xdputil-like), quantize, compile, build."""
 from __future__ import annotations
 
 import argparse
@@ -762,6 +762,85 @@ def cmd_zoo(a) -> int:
     return 0
 
 
+# ---- compile / build ------------------------------------------------------------------------------------
+def _compile_target(a):
+    """The target of `compile`: -a arch.json or --target (a preset, fingerprint or arch.json), exactly one."""
+    from opendpu.isa.target import get_target
+    if a.arch and a.target:
+        raise CliError(f"give either -a {a.arch} or --target {a.target}, not both")
+    if not a.arch and not a.target:
+        raise CliError("give the target: -a ARCH.json or --target NAME (e.g. DPUCZDX8G_ISA1_B4096)")
+    if a.arch:
+        input_file(a.arch, "-a arch.json")
+    return get_target(a.arch or a.target)
+
+
+def cmd_compile(a) -> int:
+    """vai_c_xir: a quantized xmodel -> DIR/NAME.xmodel, DIR/NAME_org.xmodel, DIR/meta.json."""
+    from opendpu.compiler.pipeline import check_dump_after, check_graph, check_name, parse_options
+    from opendpu.compiler.pipeline import compile as compile_graph
+    input_file(a.xmodel, "-x model")
+    target = _compile_target(a)
+    name = check_name(a.net_name)
+    opts = parse_options(a.options) if a.options is not None else {}
+    dumps = check_dump_after(a.dump_after)
+    inputs = [a.xmodel] + ([a.arch] if a.arch else []) + ([a.target] if a.target and os.path.isfile(a.target) else [])
+    check_dir(a.output_dir, force=a.force, inputs=inputs, what="output directory (-o)")
+    g = _load_graph(a.xmodel)
+    check_graph(g, a.recompile, opts.get("output_ops"))
+    res = compile_graph(g, target, name=name, recompile=a.recompile, dump_after=dumps, log=print, **opts)
+    with DirOutput(a.output_dir, force=a.force, inputs=inputs, what="output directory (-o)") as tmp:
+        res.write(tmp)
+    for f in res.files():
+        print(f"wrote {os.path.join(a.output_dir, f)}")
+    return 0
+
+
+def _verb_args(argv: list[str]):
+    """Another verb's parsed arguments (its code path runs inside this verb); its usage errors are ours."""
+    try:
+        return build_parser().parse_args(argv)
+    except _UsageError as e:
+        raise CliError(f"{e.prog}: {e}") from None
+
+
+def cmd_build(a) -> int:
+    """quantize + compile + check in one step, all outputs under one directory (published only when all succeed)."""
+    from opendpu.compiler.pipeline import check_name, parse_options
+    from opendpu.isa.target import get_target
+    input_file(a.model, "model")
+    input_path(a.calib, "--calib")
+    get_target(a.target)
+    stem = os.path.splitext(os.path.basename(a.model))[0]
+    name = check_name(a.net_name or stem)
+    if a.options is not None:
+        parse_options(a.options)
+    inputs = [a.model, a.calib] + ([a.target] if os.path.isfile(a.target) else [])
+    check_dir(a.output, force=a.force, inputs=inputs, what="output directory (-o)")
+    # the three verbs' own arguments, checked before any work; their paths are set inside the output below
+    q = _verb_args(["quantize", a.model, "--calib", a.calib, "--target", a.target, "-o", "quantized",
+                    "--seed", str(a.seed)] + (["--method", a.method] if a.method else []))
+    c = _verb_args(["compile", "-x", "quantized.xmodel", "--target", a.target, "-o", "compiled", "-n", name]
+                   + (["--options", a.options] if a.options is not None else []))
+    k = _verb_args(["check", f"{name}.xmodel", "-n", str(a.check_n), "--seed", str(a.seed)])
+    out = DirOutput(a.output, force=a.force, inputs=inputs, what="output directory (-o)")
+    with out as tmp:
+        q.output, c.output_dir = os.path.join(tmp, "quantized"), os.path.join(tmp, "compiled")
+        q.fn(q)
+        found = sorted(f for f in os.listdir(q.output) if f.endswith("_int.xmodel"))
+        if len(found) != 1:
+            raise CliError(f"quantize wrote {len(found)} *_int.xmodel files, expected one")
+        c.xmodel = os.path.join(q.output, found[0])
+        print(f"== compile {found[0]}")
+        c.fn(c)
+        print("== check (sim against ref on random inputs)")
+        k.model = os.path.join(c.output_dir, f"{name}.xmodel")
+        rc = int(k.fn(k) or 0)
+    print(f"wrote {a.output}/quantized ({found[0]}, ...) and {a.output}/compiled ({name}.xmodel, {name}_org.xmodel, "
+          f"meta.json)" + ("" if rc == 0 else "; the check found mismatches (exit 1)"))
+    return rc
+
+
 # ---- the parser --------------------------------------------------------------------------------------------
 class _UsageError(Exception):
     def __init__(self, prog: str, message: str):
@@ -817,6 +896,11 @@ _EXAMPLES = {
   opendpu quantize model.onnx --calib calib.npy --target DPUCZDX8G_ISA1_B4096 -o q
   opendpu quantize model.onnx --calib data.npz --evaluate test.npz --method maxmin -o q""",
     "inspect": "examples:\n  opendpu inspect model.onnx --target DPUCZDX8G_ISA1_B512 -o insp",
+    "compile": """examples:
+  opendpu compile -x q/digits_cnn_int.xmodel --target DPUCZDX8G_ISA1_B4096 -o c -n digits
+  opendpu compile -x q/net_int.xmodel -a arch.json -o c -n net --options '{"output_ops": "fc"}'
+  opendpu compile -x c/digits.xmodel --recompile --target DPUCZDX8G_ISA1_B512 -o c512 -n digits""",
+    "build": "examples:\n  opendpu build model.onnx --calib calib.npy --target DPUCZDX8G_ISA1_B4096 -o out",
     "zoo": "examples:\n  opendpu zoo resnet18 mobilenet_v2 --size 224 --export models",
     "targets": "examples:\n  opendpu targets --json",
 }
@@ -965,6 +1049,36 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("--export", metavar="DIR", help="write the float ONNX models here")
     force(z)
     z.set_defaults(fn=cmd_zoo)
+    cp = verb("compile", "compile a quantized xmodel for a DPU target (vai_c_xir): NAME.xmodel, NAME_org.xmodel, "
+                         "meta.json")
+    cp.add_argument("-x", "--xmodel", required=True, help="the quantized xmodel (opendpu quantize's *_int.xmodel); "
+                                                          "with --recompile a compiled one")
+    cp.add_argument("-a", "--arch", metavar="ARCH.json", help="arch.json naming the target or its fingerprint")
+    cp.add_argument("--target", help="preset name, fingerprint or arch.json (instead of -a)")
+    cp.add_argument("-o", "--output_dir", "--output-dir", dest="output_dir", required=True,
+                    help="output directory (created, or opendpu's own)")
+    cp.add_argument("-n", "--net_name", "--net-name", dest="net_name", required=True,
+                    help="name of the compiled model: the output file stem")
+    cp.add_argument("--options", metavar="JSON", help="vai_c options: input_shape, output_ops, prefetch, hd_opt")
+    cp.add_argument("--recompile", action="store_true", help="-x is a compiled xmodel: compile its graph again")
+    cp.add_argument("--dump-after", action="append", metavar="PASS",
+                    help="also write the compile context after this pass as dump_after_PASS.json")
+    force(cp)
+    cp.set_defaults(fn=cmd_compile)
+    b = verb("build", "quantize + compile + check an ONNX model in one step")
+    b.add_argument("model", help="float ONNX model")
+    b.add_argument("--calib", required=True, help="calibration data (as for quantize)")
+    b.add_argument("--target", required=True, help="preset name, fingerprint or arch.json")
+    b.add_argument("-o", "--output", required=True, help="output directory: quantized/ and compiled/ inside")
+    b.add_argument("-n", "--net_name", "--net-name", dest="net_name", help="compiled model name (default: the ONNX "
+                                                                           "file stem)")
+    b.add_argument("--options", metavar="JSON", help="vai_c options for the compile step")
+    b.add_argument("--method", help="activation calibration method (as for quantize; default: quantize's)")
+    b.add_argument("--check-n", type=int_range(1, 100000), default=2, help="random inputs per DPU subgraph for the "
+                                                                          "check")
+    b.add_argument("--seed", type=SEED, default=0)
+    force(b)
+    b.set_defaults(fn=cmd_build)
     t = verb("targets", "list the ISA1 presets")
     t.add_argument("--json", action="store_true")
     t.set_defaults(fn=cmd_targets)

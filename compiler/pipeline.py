@@ -1,0 +1,437 @@
+"""The compiler as one ordered pass list (docs/architecture.md, "The compiler"; TVM VTA's build_config style).
+
+    from opendpu.compiler.pipeline import compile
+    res = compile(graph, "DPUCZDX8G_ISA1_B4096", output_ops="fc", prefetch=True)
+    res.graph        # the compiled xmodel Graph
+    res.write(dir, "net")    # net.xmodel, net_org.xmodel, meta.json
+
+`PASSES` lists the passes in order; each is `Pass(name, fn, doc)` with `fn(ctx) -> ctx` over one
+`CompileContext`; a pass leaves a one-line summary of what it did in `ctx.summary` (printed through the `log`
+callback, kept in `ctx.summaries`). `compile(..., dump_after=["partition"])` keeps the context after a pass as JSON
+(`CompileResult.dumps`, written as `dump_after_<pass>.json`). The code generator's own steps (memory plan, tiling,
+instruction selection, banks, tokens, weight packing) run inside the `codegen` pass, one DPU subgraph at a time.
+
+Options are vai_c_xir's `--options` keys (UG1414 Table 31): `input_shape` ("1,224,224,3", inputs separated by
+";"; must equal the graph's static input shapes, since opendpu does not re-infer shapes), `output_ops` ("op0,op1":
+the graph outputs; everything that does not feed them is dropped), `prefetch` and `hd_opt` (accepted and
+recorded; they change no instruction), `plugins` (refused: compiler plugins are C++ libraries). Any other key is
+an error that names it and the known ones.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from opendpu.compiler.emit import emit, md5, meta_json
+from opendpu.compiler.partition import Partition, partition, shape_of
+from opendpu.compiler.program import DpuProgram
+from opendpu.compiler.xir.graph import Graph
+from opendpu.isa.disasm import disasm
+from opendpu.isa.errors import OpenDpuError
+from opendpu.isa.target import Target, get_target
+
+
+class CompileError(OpenDpuError, ValueError):
+    """Bad compile input (options, graph, names); the message names the offending thing."""
+
+
+KNOWN_OPTIONS = ("input_shape", "output_ops", "prefetch", "hd_opt", "plugins")
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+# ---- options ------------------------------------------------------------------------------------------------
+def _bool_option(key: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[v.strip().lower()]
+    raise CompileError(f"option {key}: {v!r} is not a boolean (true or false)")
+
+
+def _shape_list(v: Any) -> list[list[int]]:
+    """input_shape as one shape per graph input: "1,8,8,1", "1,8,8,1;1,10", [1,8,8,1] or [[1,8,8,1], [1,10]]."""
+    def dims(x, text) -> list[int]:
+        try:
+            out = [int(str(d).strip()) for d in x]
+        except ValueError:
+            raise CompileError(f"option input_shape: {text!r} is not a list of integers") from None
+        if not out or any(d <= 0 for d in out):
+            raise CompileError(f"option input_shape: {text!r} needs positive dimensions")
+        return out
+    if isinstance(v, str):
+        parts = [p for p in v.split(";")]
+        if any(not p.strip() for p in parts):
+            raise CompileError(f"option input_shape: {v!r} has an empty shape")
+        return [dims(p.split(","), p) for p in parts]
+    if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return [dims(v, str(v))]
+    if isinstance(v, list) and v and all(isinstance(x, list) for x in v):
+        return [dims(x, str(x)) for x in v]
+    raise CompileError(f"option input_shape: {v!r} is not a shape like \"1,224,224,3\" (inputs separated by ';')")
+
+
+def _op_list(v: Any) -> list[str]:
+    if isinstance(v, str):
+        names = [s.strip() for s in v.split(",")]
+    elif isinstance(v, list) and all(isinstance(s, str) for s in v):
+        names = [s.strip() for s in v]
+    else:
+        raise CompileError(f"option output_ops: {v!r} is not op names like \"op0,op1\"")
+    if not names or any(not s for s in names):
+        raise CompileError(f"option output_ops: {v!r} has an empty op name")
+    if len(set(names)) != len(names):
+        raise CompileError(f"option output_ops: an op is named twice in {v!r}")
+    return names
+
+
+def check_options(options: dict) -> dict:
+    """vai_c's options, checked and normalised (input_shape: list of shapes, output_ops: list of names, prefetch and
+    hd_opt: bool); an unknown key, a bad value or a plugin is a CompileError."""
+    if not isinstance(options, dict):
+        raise CompileError(f"options must be a JSON object of vai_c keys ({', '.join(KNOWN_OPTIONS)}), not a "
+                           f"{type(options).__name__}")
+    out: dict[str, Any] = {}
+    for k, v in options.items():
+        if k not in KNOWN_OPTIONS:
+            raise CompileError(f"unknown option {k!r}; known options: {', '.join(KNOWN_OPTIONS)}")
+        if k == "input_shape":
+            out[k] = _shape_list(v)
+        elif k == "output_ops":
+            out[k] = _op_list(v)
+        elif k in ("prefetch", "hd_opt"):
+            out[k] = _bool_option(k, v)
+        elif k == "plugins":
+            if v not in ("", None, []):
+                raise CompileError(f"option plugins: {v!r}: compiler plugins (C++ shared libraries with "
+                                   f"get_plugin()) are not supported by opendpu; leave the ops to the CPU partition")
+            out[k] = ""
+    return out
+
+
+def parse_options(text: str) -> dict:
+    """--options JSON text -> checked options (CompileError for bad JSON or keys)."""
+    try:
+        v = json.loads(text)
+    except ValueError as e:
+        raise CompileError(f"--options is not valid JSON ({e}); e.g. '{{\"output_ops\": \"fc\"}}'") from None
+    return check_options(v)
+
+
+# ---- the context and the passes ---------------------------------------------------------------------------
+@dataclass
+class CompileContext:
+    """What the passes share: the input graph, target, options, and what each pass produced."""
+
+    source: Graph
+    target: Target
+    options: dict
+    name: str
+    recompile: bool = False
+    graph: Graph | None = None                    # the canonical graph (after canonicalize)
+    partition: Partition | None = None
+    programs: dict[str, DpuProgram] = field(default_factory=dict)
+    compiled: Graph | None = None
+    org_bytes: bytes = b""
+    meta: dict = field(default_factory=dict)
+    summary: str = ""                             # the last pass's one-line summary
+    summaries: list[tuple[str, str]] = field(default_factory=list)
+    log: Callable[[str], None] | None = None
+
+    def say(self, line: str) -> None:
+        if self.log is not None:
+            self.log(line)
+
+    def to_dict(self) -> dict:
+        """The context as JSON-able data (the --dump-after file)."""
+        d: dict[str, Any] = {"name": self.name, "target": self.target.name,
+                             "fingerprint": f"0x{self.target.fingerprint:016X}"
+                             if self.target.fingerprint is not None else None,
+                             "options": self.options, "passes": [dict(name=n, summary=s) for n, s in self.summaries]}
+        if self.graph is not None:
+            d["graph"] = _graph_dict(self.graph)
+        if self.partition is not None:
+            d["partition"] = self.partition.to_dict()
+        if self.programs:
+            d["programs"] = {k: _program_dict(p) for k, p in self.programs.items()}
+        if self.compiled is not None:
+            d["compiled"] = {"subgraphs": [{"name": s.name, "device": s.device, "ops": len(s.all_ops()),
+                                            "children": [c.name for c in s.children]}
+                                           for s in self.compiled.root.children]}
+        if self.meta:
+            d["meta"] = self.meta
+        return d
+
+
+def _graph_dict(g: Graph) -> dict:
+    ops = []
+    for n in g.toposort():
+        op = g.ops[n]
+        t = op.output
+        ops.append({"name": n, "type": op.type, "inputs": {k: list(v) for k, v in op.inputs.items()},
+                    "attrs": {k: (f"<{len(v)} bytes>" if isinstance(v, (bytes, bytearray)) else v)
+                              for k, v in op.attrs.items()},
+                    "shape": list(t.shape) if t is not None else None,
+                    "dtype": t.dtype_name if t is not None else None,
+                    "fix_point": t.fix_point if t is not None else None})
+    return {"name": g.name, "ops": ops}
+
+
+def _program_dict(p: DpuProgram) -> dict:
+    def img(i) -> dict:
+        return {"op": i.op_name, "reg_id": i.reg_id, "ddr_addr": i.ddr_addr, "dims": list(i.dims),
+                "strides": list(i.strides), "fix_point": i.fix_point}
+    return {"instructions": len(p.instructions), "workload": p.workload, "stats": p.stats,
+            "layers": [{"name": ly.name, "ops": ly.ops, "first": ly.first, "count": ly.count} for ly in p.layers],
+            "registers": [{"reg_id": r.reg_id, "context": r.context, "size": r.size,
+                           "params": len(r.params) if r.params is not None else None} for r in p.registers.registers()],
+            "inputs": [img(i) for i in p.inputs], "outputs": [img(i) for i in p.outputs],
+            "internal": [img(i) for i in p.internal],
+            "listing": disasm(p.mc_code, p.target, dict(p.registers.sizes), p.layer_map()).splitlines()}
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    fn: Callable[[CompileContext], CompileContext]     # sets ctx.summary
+    doc: str
+
+
+def _is_compiled(g: Graph) -> bool:
+    return bool(g.root.children) or any(op.type in ("upload", "download") for op in g.ops.values())
+
+
+def check_graph(g: Graph, recompile: bool = False, output_ops=()) -> None:
+    """What can be checked before any work: a quantized graph (a compiled one only with `recompile`), and output
+    op names that exist in it."""
+    if recompile:
+        if not _is_compiled(g):
+            raise CompileError(f"graph {g.name!r} is not compiled (no DPU subgraphs); compile it without recompile")
+    else:
+        if _is_compiled(g):
+            raise CompileError(f"graph {g.name!r} is already compiled (it has subgraphs or upload/download ops); "
+                               f"recompile it (--recompile) or give the quantized xmodel")
+        if not any(op.type.endswith("-fix") for op in g.ops.values()):
+            raise CompileError(f"graph {g.name!r} is not quantized (no *-fix op, float ops only); quantize it first "
+                               f"(opendpu quantize MODEL.onnx --calib DATA)")
+    for n in output_ops or ():
+        if n not in g.ops:
+            ends = [m for m in g.ops if not g.consumers(m)]
+            raise CompileError(f"option output_ops: no op {n!r} in graph {g.name!r} (XCOM_USER_INVALID_OUTPUT_OPS); "
+                               f"its outputs are {ends[:6]}")
+
+
+def p_canonicalize(ctx: CompileContext) -> CompileContext:
+    """The quantized XIR graph in canonical `*-fix` form (compiler.frontend); a compiled xmodel with recompile."""
+    from opendpu.compiler import frontend  # type: ignore[attr-defined]  # lands with issue 13's front end
+    g = ctx.source
+    check_graph(g, ctx.recompile)
+    ctx.graph = frontend.from_compiled(g) if ctx.recompile else frontend.canonicalize(g)
+    cg = ctx.graph
+    fix = sum(1 for op in cg.ops.values() if op.type.endswith("-fix"))
+    ctx.summary = f"{len(cg.ops)} ops ({fix} *-fix) from the {len(g.ops)} ops of {g.name!r}"
+    return ctx
+
+
+def _inputs_of(g: Graph) -> list[str]:
+    return [n for n in g.toposort() if g.ops[n].type in ("data", "data-fix")]
+
+
+def p_apply_options(ctx: CompileContext) -> CompileContext:
+    """input_shape checked against the graph's inputs; output_ops: drop every op that does not feed them."""
+    g = ctx.graph
+    assert g is not None
+    done = []
+    ins = _inputs_of(g)
+    for n in ins:
+        shape = shape_of(g, n)
+        if not shape or 0 in shape:
+            raise CompileError(f"input {n!r} has the dynamic shape {shape}: opendpu compiles static shapes only; "
+                               f"quantize the model with a static input shape (input_shape cannot re-infer the "
+                               f"shapes of the graph)")
+    shapes = ctx.options.get("input_shape")
+    if shapes is not None:
+        if len(shapes) != len(ins):
+            raise CompileError(f"option input_shape gives {len(shapes)} shape(s) for the {len(ins)} input(s) "
+                               f"{ins[:4]} of the graph")
+        for n, s in zip(ins, shapes):
+            have = shape_of(g, n)
+            if have != s:
+                raise CompileError(f"option input_shape {s} for input {n!r}: the quantized graph's input is {have}; "
+                                   f"opendpu compiles the static shapes the model was quantized with (quantize it "
+                                   f"again at {s})")
+        done.append(f"input_shape matches {len(ins)} input(s)")
+    outs = ctx.options.get("output_ops")
+    if outs is not None:
+        for n in outs:
+            if n not in g.ops:
+                ends = [m for m in g.ops if not g.consumers(m)]
+                raise CompileError(f"option output_ops: no op {n!r} in the graph (XCOM_USER_INVALID_OUTPUT_OPS); its "
+                                   f"current outputs are {ends[:6]}")
+            if g.ops[n].type in ("data", "data-fix", "const", "const-fix"):
+                raise CompileError(f"option output_ops: {n!r} is a {g.ops[n].type} op, not a computed tensor")
+        keep: set[str] = set()
+        stack = list(outs)
+        while stack:
+            n = stack.pop()
+            if n in keep:
+                continue
+            keep.add(n)
+            stack.extend(g.ops[n].input_ops())
+        for n in outs:
+            fed = [o for o in outs if o != n and n in _ancestors(g, o)]
+            if fed:
+                raise CompileError(f"option output_ops: {n!r} feeds the other output {fed[0]!r}; a graph output is an "
+                                   f"op no other op reads (give only {fed[0]!r}, or outputs on separate branches)")
+        dropped = [n for n in g.ops if n not in keep]
+        if dropped:
+            ctx.graph = _subgraph_copy(g, keep)
+        done.append(f"output_ops {outs}: {len(dropped)} op(s) dropped")
+    for k in ("prefetch", "hd_opt"):
+        if k in ctx.options:
+            done.append(f"{k}={str(ctx.options[k]).lower()} recorded (no effect on the instructions)")
+    ctx.summary = "; ".join(done) if done else "no options"
+    return ctx
+
+
+def _ancestors(g: Graph, n: str) -> set[str]:
+    out: set[str] = set()
+    stack = list(g.ops[n].input_ops())
+    while stack:
+        m = stack.pop()
+        if m not in out:
+            out.add(m)
+            stack.extend(g.ops[m].input_ops())
+    return out
+
+
+def _subgraph_copy(g: Graph, keep: set[str]) -> Graph:
+    """A copy of `g` with only the ops in `keep` (every producer of a kept op is kept)."""
+    h = Graph.deserialize(g.serialize(), g.name)
+    for n in [n for n in h.ops if n not in keep]:
+        del h.ops[n]
+    h._consumers = None
+    h.validate()
+    return h
+
+
+def p_partition(ctx: CompileContext) -> CompileContext:
+    """compiler.rules + the code generator's refusals: USER, DPU and CPU subgraphs without cycles."""
+    assert ctx.graph is not None
+    ctx.partition = partition(ctx.graph, ctx.target)
+    for line in ctx.partition.report()[1:]:
+        ctx.say(line)
+    ctx.summary = ctx.partition.summary()
+    return ctx
+
+
+def p_codegen(ctx: CompileContext) -> CompileContext:
+    """One DpuProgram per DPU subgraph (compiler.codegen.generate: memory plan, tiles, instructions, banks,
+    tokens, weights)."""
+    from opendpu.compiler.codegen import generate
+    assert ctx.graph is not None and ctx.partition is not None
+    ctx.programs = {}
+    for s in ctx.partition.dpu_subgraphs:
+        ctx.programs[s.name] = generate(ctx.graph, s.ops, ctx.target, s.name, log=ctx.say)
+    n = sum(len(p.instructions) for p in ctx.programs.values())
+    ctx.summary = f"{len(ctx.programs)} DPU subgraph(s), {n} instructions"
+    return ctx
+
+
+def p_emit(ctx: CompileContext) -> CompileContext:
+    """The compiled xmodel (vai_c_xir's structure), <net>_org.xmodel and meta.json."""
+    assert ctx.graph is not None and ctx.partition is not None
+    ctx.org_bytes = ctx.graph.serialize()
+    org = f"{ctx.name}_org.xmodel"
+    ctx.compiled = emit(ctx.graph, ctx.partition, ctx.programs, ctx.target, ctx.options, {org: md5(ctx.org_bytes)})
+    ctx.meta = meta_json(ctx.name, ctx.target, ctx.partition, ctx.programs, ctx.options)
+    ctx.summary = f"{len(ctx.compiled.ops)} ops, {len(ctx.compiled.root.children)} subgraphs"
+    return ctx
+
+
+PASSES: list[Pass] = [
+    Pass("canonicalize", p_canonicalize, "the quantized graph in canonical *-fix form (compiler.frontend)"),
+    Pass("apply_options", p_apply_options, "input_shape checked; output_ops: ops not feeding them dropped"),
+    Pass("partition", p_partition, "USER / DPU / CPU subgraphs (compiler.rules, codegen refusals), no cycles"),
+    Pass("codegen", p_codegen, "one DpuProgram per DPU subgraph (compiler.codegen.generate)"),
+    Pass("emit", p_emit, "the compiled xmodel, <net>_org.xmodel and meta.json (compiler.emit)"),
+]
+PASS_NAMES = tuple(p.name for p in PASSES)
+
+
+def check_dump_after(names) -> list[str]:
+    out = list(names or [])
+    for n in out:
+        if n not in PASS_NAMES:
+            raise CompileError(f"--dump-after {n!r}: no such pass; the passes are {', '.join(PASS_NAMES)}")
+    return out
+
+
+# ---- the API ------------------------------------------------------------------------------------------------
+@dataclass
+class CompileResult:
+    graph: Graph                          # the compiled xmodel
+    org: Graph                            # the canonical graph it was compiled from (<net>_org.xmodel)
+    programs: dict[str, DpuProgram]
+    partition: Partition
+    meta: dict
+    name: str
+    summaries: list[tuple[str, str]]
+    dumps: dict[str, dict] = field(default_factory=dict)
+    org_bytes: bytes = b""
+
+    def files(self) -> dict[str, bytes]:
+        """File name -> content: <name>.xmodel, <name>_org.xmodel, meta.json and any dump_after_<pass>.json."""
+        out = {f"{self.name}.xmodel": self.graph.serialize(),
+               f"{self.name}_org.xmodel": self.org_bytes or self.org.serialize(),
+               "meta.json": (json.dumps(self.meta, indent=1) + "\n").encode()}
+        for p, d in self.dumps.items():
+            out[f"dump_after_{p}.json"] = (json.dumps(d, indent=1, default=str) + "\n").encode()
+        return out
+
+    def write(self, directory: str) -> list[str]:
+        """Write `files()` into an existing directory (the CLI writes through compiler.outdir); returns the paths."""
+        paths = []
+        for f, data in self.files().items():
+            p = os.path.join(directory, f)
+            with open(p, "wb") as fh:
+                fh.write(data)
+            paths.append(p)
+        return paths
+
+
+def check_name(name: str) -> str:
+    if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name or name.startswith("."):
+        raise CompileError(f"net name {name!r}: give a plain file stem (no directory, not starting with '.')")
+    return name
+
+
+def compile(graph: Graph, target: "Target | str", *, name: str | None = None, recompile: bool = False,
+            dump_after=(), log: Callable[[str], None] | None = None, **options) -> CompileResult:
+    """Compile a quantized XIR graph (the `*-fix` form `opendpu quantize` writes; with `recompile`, a compiled
+    xmodel) for `target` (a Target, preset name, fingerprint or arch.json path) with vai_c's `options`."""
+    t = target if isinstance(target, Target) else get_target(target)
+    if t.fingerprint is None:
+        raise CompileError(f"target {t.name or t.describe()} has no fingerprint: a compiled DPU subgraph must name "
+                           f"its target")
+    opts = check_options(options)
+    dumps = check_dump_after(dump_after)
+    ctx = CompileContext(graph, t, opts, check_name(name or graph.name), recompile, log=log)
+    ctx.say(f"Compile mode: dpu; target {t.name} (fingerprint 0x{t.fingerprint:016X}); graph {graph.name!r} with "
+            f"{len(graph.ops)} ops")
+    out_dumps: dict[str, dict] = {}
+    for p in PASSES:
+        ctx.summary = ""
+        ctx = p.fn(ctx)
+        ctx.summaries.append((p.name, ctx.summary))
+        ctx.say(f"pass {p.name}: {ctx.summary}")
+        if p.name in dumps:
+            out_dumps[p.name] = ctx.to_dict()
+    assert ctx.compiled is not None and ctx.graph is not None and ctx.partition is not None
+    return CompileResult(ctx.compiled, ctx.graph, ctx.programs, ctx.partition, ctx.meta, ctx.name, ctx.summaries,
+                         out_dumps, ctx.org_bytes)
+
+
+__all__ = ["compile", "CompileResult", "CompileContext", "CompileError", "Pass", "PASSES", "PASS_NAMES",
+           "KNOWN_OPTIONS", "check_options", "parse_options", "check_dump_after", "check_name", "check_graph"]
