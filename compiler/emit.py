@@ -24,7 +24,7 @@ import hashlib
 from collections import OrderedDict
 from typing import Any
 
-from opendpu.compiler.partition import CPU, DPU, Partition, SubgraphPlan
+from opendpu.compiler.partition import CPU, DPU, Partition, SubgraphPlan, shape_of
 from opendpu.compiler.program import DdrImage, DpuProgram
 from opendpu.compiler.xir import dpu_abi as abi
 from opendpu.compiler.xir.graph import Attrs, Graph, Op, Subgraph, Tensor, XModelError
@@ -107,7 +107,7 @@ def op_workload(graph: Graph, op: Op, target: Target) -> tuple[int, int]:
     k = op.attrs.get("kernel") or [1, 1]
     kw, kh = (int(k[0]), int(k[1])) if isinstance(k, list) and len(k) == 2 else (1, 1)
     if t in ("conv2d-fix", "transposed-conv2d-fix", "depthwise-conv2d-fix", "transposed-depthwise-conv2d-fix"):
-        ic = 1 if "depthwise" in t else (_hw(graph.ops[ins[0]].output.shape)[2] if ins else oc)
+        ic = 1 if "depthwise" in t else (_hw(shape_of(graph, ins[0]))[2] if ins else oc)
         taps: float = kh * kw
         if t.startswith("transposed"):
             s = op.attrs.get("stride") or [1, 1]
@@ -116,7 +116,7 @@ def op_workload(graph: Graph, op: Op, target: Target) -> tuple[int, int]:
         return int(out * (2 * taps * ic + bias)), int(arch * (2 * taps * icp + bias))
     if t == "pool-fix":
         if op.attrs.get("global") and ins:
-            h, w, _ = _hw(graph.ops[ins[0]].output.shape)
+            h, w, _ = _hw(shape_of(graph, ins[0]))
             kh, kw = h, w
         return out * kh * kw, arch * kh * kw
     if t == "eltwise-fix":

@@ -43,10 +43,14 @@ def op_desc(graph: Graph, op: Op) -> OpDesc:
     input but `weights` / `bias`), output shape and weight shape (OHWI; depthwise [mult, kh, kw, C])."""
     ins = [p for arg, ps in op.inputs.items() if arg not in _WEIGHT_ARGS for p in ps]
     w = op.inputs.get("weights") or []
-    ws = list(graph.ops[w[0]].output.shape) if w and graph.ops[w[0]].output is not None else None
-    out = op.output
-    return OpDesc(op.name, op.type, dict(op.attrs), [list(graph.ops[p].output.shape) for p in ins],
-                  list(out.shape) if out is not None else [], ws)
+    return OpDesc(op.name, op.type, dict(op.attrs), [shape_of(graph, p) for p in ins], shape_of(graph, op.name),
+                  shape_of(graph, w[0]) if w else None)
+
+
+def shape_of(graph: Graph, name: str) -> list[int]:
+    """The shape of op `name`'s output tensor ([] when it has none)."""
+    t = graph.ops[name].output
+    return [int(d) for d in t.shape] if t is not None else []
 
 
 @dataclass(frozen=True)
@@ -302,5 +306,5 @@ def partition(graph: Graph, target: Target, unsupported: Unsupported | None = No
     return part
 
 
-__all__ = ["partition", "place_op", "op_desc", "Partition", "SubgraphPlan", "OpPlacement", "PartitionError",
+__all__ = ["partition", "place_op", "op_desc", "shape_of", "Partition", "SubgraphPlan", "OpPlacement", "PartitionError",
            "USER", "DPU", "CPU"]
