@@ -189,7 +189,7 @@ def _in_lines(t: Target, tile: Tile, sh: int, cg: int) -> tuple[int, int]:
 
 @dataclass
 class _Ctx:
-    graph: Graph
+    graph: Graph | None
     target: Target
     s: Stream
     depth: int
@@ -302,33 +302,38 @@ def _block_rows(t: Target, win: Window, engine_rows: int) -> int:
     return 1
 
 
-def _plan_tiles(c: _Ctx, name: str, win: Window, cg_in: int, n_in: int, lpp_out: int, vb: int,
-                e_max: int, len_max: int) -> tuple[int, int]:
-    """(strip rows, tile columns): full rows if they fit, else column tiles; strips as tall as fit. Each buffer
-    gets half the usable depth (double buffering; `n_in` inputs share the input group's half)."""
+def _plan_tiles(c: _Ctx, name: str, win: Window, cg_in: int, n_in: int, lpp_out: int, vb_max: int,
+                e_max: int, len_max: int) -> tuple[int, int, int]:
+    """(strip rows, tile columns, rows per instruction): full rows if they fit, else column tiles; strips as
+    tall as fit. Each buffer gets half the usable depth (double buffering; `n_in` inputs share the input group),
+    or, when nothing fits that way, the whole depth (single buffering) and fewer rows per instruction."""
     t = c.target
-    half = c.depth // 2
-    in_budget = half // n_in
 
-    def fits(rows: int, cols: int) -> bool:
+    def fits(rows: int, cols: int, in_budget: int, out_budget: int) -> bool:
         tile = _tile(win, 0, rows, 0, cols)
         E, lines = _in_lines(t, tile, win.sh, cg_in)
         if win.sh > 1 and E > e_max:
             return False
         out_lines = _ceil(rows, t.pp) * cols * lpp_out
-        return lines <= in_budget and out_lines <= half
+        return lines <= in_budget and out_lines <= out_budget
 
-    cols = min(win.wo, len_max)
-    while cols > 1 and not fits(vb, cols):
-        cols = max(1, min(cols - 1, cols * 3 // 4))
-    if not fits(vb, cols):
-        raise CodegenError(f"layer {name!r}: one block of {vb} output row(s) x 1 column needs more than "
-                           f"{in_budget} input / {half} output lines per bank (bank_depth {c.depth}); "
-                           f"input channel groups {cg_in}, kernel {win.kw}x{win.kh}, stride {win.sw}x{win.sh}")
-    rows = vb
-    while rows + vb <= _ceil(win.ho, vb) * vb and fits(rows + vb, cols):
-        rows += vb
-    return rows, cols
+    for share in (2, 1):
+        in_budget, out_budget = c.depth // share // n_in, c.depth // share
+        vb = vb_max
+        while vb >= 1:
+            if t.pp % vb == 0:
+                cols = min(win.wo, len_max)
+                while cols > 1 and not fits(vb, cols, in_budget, out_budget):
+                    cols = max(1, min(cols - 1, cols * 3 // 4))
+                if fits(vb, cols, in_budget, out_budget):
+                    rows = vb
+                    while rows + vb <= _ceil(win.ho, vb) * vb and fits(rows + vb, cols, in_budget, out_budget):
+                        rows += vb
+                    return rows, cols, vb
+            vb -= 1
+    raise CodegenError(f"layer {name!r}: one output row x 1 column does not fit the image banks (bank_depth "
+                       f"{c.depth}): input channel groups {cg_in}, kernel {win.kw}x{win.kh}, stride "
+                       f"{win.sw}x{win.sh}, {lpp_out} output lines per pixel")
 
 
 def _tiles(win: Window, rows: int, cols: int):
@@ -391,17 +396,20 @@ def _conv(c: _Ctx, job: ConvJob) -> None:
     cg = _ceil(ic, t.cp)
     n_sl = _ceil(oc, t.cp)
     lines_slice = K * cg
+    if cg > 256:
+        raise CodegenError(f"layer {job.name!r}: {ic} input channels = {cg} channel groups > 256 (CONV "
+                           f"channel_group); one CONV must read all input channels")
     if lines_slice > c.depth:
         raise CodegenError(f"layer {job.name!r}: the weights of one output channel need {lines_slice} CONVW lines "
                            f"(kernel {kw}x{kh} x {cg} channel groups), more than bank_depth {c.depth}")
-    per_group = max(1, min(n_sl, c.depth // lines_slice, 256))
+    per_group = max(1, min(n_sl, c.depth // lines_slice, c.depth // 2))
     # bias: one LOAD of all OC bytes (slice s at line base + s)
     b_off = c.const(job.b.astype(np.int8).tobytes())
     b_base = c.bias.alloc(n_sl, f"layer {job.name!r} bias")
     c.s.add("LOAD", bank_addr=b_base, bank_id=t.bias_bank, jump_write=1, jump_read=oc, length=1, channel=oc,
             pad_idx=1, reg_id=REG_CONST, ddr_addr=b_off)
     win = job.win
-    vb = _block_rows(t, win, t.pp)
+    vb_max = _block_rows(t, win, t.pp)
     for g0 in range(0, n_sl, per_group):
         nsg = min(per_group, n_sl - g0)
         # weights of slices g0..g0+nsg: CONVW bank o holds, per slice, K items of IC bytes (cg lines each)
@@ -419,7 +427,7 @@ def _conv(c: _Ctx, job: ConvJob) -> None:
                         length=n, channel=ic, pad_idx=1, reg_id=REG_CONST, ddr_addr=off + i0 * ic)
         c0 = g0 * t.cp
         nch = min(oc, (g0 + nsg) * t.cp) - c0
-        rows, cols = _plan_tiles(c, job.name, win, cg, 1, nsg, vb, 1024, 1024)
+        rows, cols, vb = _plan_tiles(c, job.name, win, cg, 1, nsg, vb_max, 1024, 1024)
         state: dict[str, int] = {}
         for tile in _tiles(win, rows, cols):
             E, lines = _in_lines(t, tile, win.sh, cg)
@@ -471,11 +479,15 @@ def _alu(c: _Ctx, job: AluJob) -> None:
     ch = job.inp.c
     cg_all = _ceil(ch, t.cp)
     win = job.win
-    vb = _block_rows(t, win, t.alu_pp)
-    chunk = cg_all
+    vb_max = _block_rows(t, win, t.alu_pp)
+    kpos = 1 if job.weights is None else job.weights.reshape(-1, ch).shape[0]
+    chunk = min(cg_all, 256)                        # ALUINIT channel_group
     while True:
         try:
-            _plan_tiles(c, job.name, win, chunk, 1, chunk, vb, 8192, 2048)
+            if kpos * chunk > c.depth:
+                raise CodegenError(f"layer {job.name!r}: {kpos} kernel positions x {chunk} channel groups of "
+                                   f"weights exceed the DWCONVW bank ({c.depth} lines)")
+            _plan_tiles(c, job.name, win, chunk, 1, chunk, vb_max, 8192, 2048)
             break
         except CodegenError:
             if chunk == 1:
@@ -487,11 +499,11 @@ def _alu(c: _Ctx, job: AluJob) -> None:
                       out=replace(job.out, addr=job.out.addr + c0, c=c1 - c0),
                       weights=None if job.weights is None else job.weights[..., c0:c1],
                       bias=None if job.bias is None else job.bias[c0:c1])
-        _alu_chunk(c, sub, vb)
+        _alu_chunk(c, sub, vb_max)
     c.workload += 2 * ch * win.kh * win.kw * win.ho * win.wo
 
 
-def _alu_chunk(c: _Ctx, job: AluJob, vb: int) -> None:
+def _alu_chunk(c: _Ctx, job: AluJob, vb_max: int) -> None:
     t = c.target
     ch = job.inp.c
     cg = _ceil(ch, t.cp)
@@ -508,7 +520,7 @@ def _alu_chunk(c: _Ctx, job: AluJob, vb: int) -> None:
         b_addr = c.bias.alloc(cg, f"layer {job.name!r} bias")
         c.s.add("LOAD", bank_addr=b_addr, bank_id=t.bias_bank, jump_write=1, jump_read=ch, length=1, channel=ch,
                 pad_idx=1, reg_id=REG_CONST, ddr_addr=off)
-    rows, cols = _plan_tiles(c, job.name, win, cg, 1, cg, vb, 8192, 2048)
+    rows, cols, vb = _plan_tiles(c, job.name, win, cg, 1, cg, vb_max, 8192, 2048)
     state: dict[str, int] = {}
     for tile in _tiles(win, rows, cols):
         E, lines = _in_lines(t, tile, win.sh, cg)
@@ -548,13 +560,34 @@ class ElewJob:
 
 
 def _elew(c: _Ctx, job: ElewJob) -> None:
+    """ELEW layer, in chunks of channel groups when all channels do not fit (ELEW channel_group <= 256)."""
+    t = c.target
+    ch = job.out.c
+    cg_all = _ceil(ch, t.cp)
+    win = Window(1, 1, 1, 1, 0, 0, job.out.h, job.out.w)
+    chunk = min(cg_all, 256)
+    while True:
+        try:
+            _plan_tiles(c, job.name, win, chunk, len(job.inps), chunk, _block_rows(t, win, t.alu_pp), 8192, 2048)
+            break
+        except CodegenError:
+            if chunk == 1:
+                raise
+            chunk = _ceil(chunk, 2)
+    for g0 in range(0, cg_all, chunk):
+        c0, c1 = g0 * t.cp, min(ch, (g0 + chunk) * t.cp)
+        _elew_chunk(c, replace(job, inps=[replace(f, addr=f.addr + c0, c=c1 - c0) for f in job.inps],
+                               out=replace(job.out, addr=job.out.addr + c0, c=c1 - c0)))
+    c.workload += len(job.inps) * ch * win.ho * win.wo
+
+
+def _elew_chunk(c: _Ctx, job: ElewJob) -> None:
     t = c.target
     ch = job.out.c
     cg = _ceil(ch, t.cp)
     win = Window(1, 1, 1, 1, 0, 0, job.out.h, job.out.w)
     n = len(job.inps)
-    vb = _block_rows(t, win, t.alu_pp)
-    rows, cols = _plan_tiles(c, job.name, win, cg, n, cg, vb, 8192, 2048)
+    rows, cols, vb = _plan_tiles(c, job.name, win, cg, n, cg, _block_rows(t, win, t.alu_pp), 8192, 2048)
     for tile in _tiles(win, rows, cols):
         E, lines = _in_lines(t, tile, 1, cg)
         bufs = []
@@ -575,7 +608,6 @@ def _elew(c: _Ctx, job: ElewJob) -> None:
                     bank_addr_out=ob.base + p * Eo, jump_write_endl=Eo, num=n, valid_pixel_parallel=vpp,
                     jump_write=cg, shift_write=job.shift_write, channel_group=cg)
         _save_rows(c, job.out, tile, ob, 0, ch)
-    c.workload += n * ch * win.ho * win.wo
 
 
 # ---- copies (concat members, reshapes at the interface, nearest upsampling) ------------------------------------
@@ -585,7 +617,7 @@ def _copy(c: _Ctx, name: str, inp: FMap, outs: list[FMap]) -> None:
     t = c.target
     cg = _ceil(inp.c, t.cp)
     win = Window(1, 1, 1, 1, 0, 0, inp.h, inp.w)
-    rows, cols = _plan_tiles(c, name, win, cg, 1, 1, t.pp, 8192, MAX_ITEMS * 64)
+    rows, cols, _ = _plan_tiles(c, name, win, cg, 1, 1, t.pp, 8192, MAX_ITEMS * 64)
     # the input buffer doubles as the output buffer (row j in bank j % PP, as SAVE reads it)
     for tile in _tiles(win, rows, cols):
         E, lines = _in_lines(t, tile, 1, cg)
@@ -614,11 +646,31 @@ def _nonlinear(op: Op) -> str:
 
 def unsupported(graph: Graph, op_name: str, target: Target) -> str | None:
     """None if `generate` can compile this op for `target`, else why not (the op then runs on the CPU)."""
+    op = graph.ops[op_name]
     try:
-        _classify(graph, graph.ops[op_name], target)
-    except CodegenError as e:
+        kind = _classify(graph, op, target)
+        if kind not in ("skip", "alias"):
+            _dry_run(graph, op, kind, target)
+    except (CodegenError, FixPointError) as e:
         return str(e)
     return None
+
+
+def _new_ctx(t: Target) -> _Ctx:
+    depth = min(t.bank_depth, ADDR_FIELD_LINES)
+    return _Ctx(None, t, Stream(), depth, [Ring(depth), Ring(depth)], Ring(depth), Ring(depth), Ring(depth))
+
+
+def _dense(reg: int, addr: int, dims, fp: int) -> FMap:
+    h, w, ch = hwc(dims)
+    return FMap(reg, addr, h, w, ch, ch, w * ch, fp)
+
+
+def _dry_run(graph: Graph, op: Op, kind: str, t: Target) -> None:
+    """Lower one op alone (dense images, no tokens): CodegenError if no tiling fits the target."""
+    c = _new_ctx(t)
+    fm = {i: _dense(REG_IN, 0, graph.ops[i].output.shape, _fp(graph.ops[i])) for i in _data_inputs(op)}
+    _lower(c, graph, op, kind, fm, _dense(REG_OUT, 0, op.output.shape, _fp(op)))
 
 
 def _conv_act(op: Op, target: Target, fp_out: int, engine: str) -> int:
@@ -752,13 +804,10 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
                 inputs.append(i)
     outputs = [n for n in compute if not graph.consumers(n) or any(cn not in ops for cn in graph.consumers(n))]
 
-    depth = min(t.bank_depth, ADDR_FIELD_LINES)
-    c = _Ctx(graph, t, Stream(), depth, [Ring(depth), Ring(depth)], Ring(depth), Ring(depth), Ring(depth))
+    c = _new_ctx(t)
+    c.graph = graph
     fm: dict[str, FMap] = {}
-
-    def dense(reg: int, addr: int, dims, fp: int) -> FMap:
-        h, w, ch = hwc(dims)
-        return FMap(reg, addr, h, w, ch, ch, w * ch, fp)
+    dense = _dense
 
     sizes = {REG_IN: 0, REG_OUT: 0, REG_WORKSPACE: 0}
 
