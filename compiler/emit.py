@@ -6,8 +6,9 @@ vai_c_xir writes (spec §8.2–8.3, the shared AMD models).
 * A DPU subgraph reads each input through an `upload` op (output tensor `<tensor>_upload_<k>`, the DDR image of
   the input) and hands each output on through a `download` op. As in AMD's models the download's tensor takes
   the original tensor name and the op inside gets `<tensor>_download_0` (with the DDR image); ops outside read
-  the download. Its children are one `subgraph_<upload>` (`skip_code_gen`), one child per layer of the program
-  (`DpuProgram.layers`, `children_topological_sort` in program order), one `subgraph_<download>` per output.
+  the download. Its children are one `subgraph_<upload>` per input (`skip_code_gen`), then one child per layer of
+  the program (`DpuProgram.layers`, `children_topological_sort` in program order; `skip_code_gen` when it has no
+  instruction), each followed by the `subgraph_<download>` children of the outputs it produces.
 * The DPU subgraph carries what `dpu_abi.write_dpu_subgraph`, `write_registers` and `write_interface` write, plus
   `children_topological_sort`, `debug_mode` "null", `if_prefetch`, `workload_on_arch` and `opendpu_layer_map`:
   the instruction -> layer map as {layer child name: [first, count, first, count, ...]} (int32 vector map), so
@@ -314,18 +315,19 @@ def _dpu_subgraph(out: Graph, graph: Graph, s: SubgraphPlan, prog: DpuProgram, t
         child(u, [u], skip=True)
     layer_kids = []
     total_wl = total_arch = 0
-    for ly in prog.layers:
+    used = set(prog.layer_of)
+    for k, ly in enumerate(prog.layers):
         ops = graph.toposort(ly.ops)
         wl = arch = 0
         for o in ops:
             w, a = op_workload(graph, graph.ops[o], target)
             wl, arch = wl + w, arch + a
-        c = child(ly.name, ops, wl, arch, skip=ly.count == 0)
+        c = child(ly.name, ops, wl, arch, skip=k not in used)       # a layer without instructions (aliases)
         layer_kids.append(c)
         total_wl, total_arch = total_wl + wl, total_arch + arch
-    for o in abi.output_ops(graph, s.ops):
-        d = download[o]
-        child(d, [d])
+        for o in ops:                       # as AMD: each download's child right after its producer's layer
+            if o in download:
+                child(download[o], [download[o]])
     names = [c.name for c in kids]
     if len(set(names)) != len(names):
         raise EmitError(f"DPU subgraph {s.name!r}: child subgraph names repeat "

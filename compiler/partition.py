@@ -286,8 +286,8 @@ def partition(graph: Graph, target: Target, unsupported: Unsupported | None = No
     deps = {k: {owner[p] for n in ops_of[k] for p in graph.ops[n].input_ops() if owner[p] != k} for k in keys}
     done: set = set()
     ordered: list = []
-    pending = list(keys)            # graph order of the first op: the ties of the topological sort
-    pending.sort(key=lambda k: min(index[n] for n in ops_of[k]))
+    pending = list(keys)            # ties of the topological sort: USER subgraphs first (as vai_c), then graph order
+    pending.sort(key=lambda k: (k[0] != "user", min(index[n] for n in ops_of[k])))
     while pending:
         k = next((k for k in pending if deps[k] <= done), None)
         if k is None:               # the grouping never closes a cycle; this is a bug if it happens
