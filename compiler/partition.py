@@ -260,7 +260,7 @@ def partition(graph: Graph, target: Target, unsupported: Unsupported | None = No
                 groups.union([c, mine])
                 break
     # USER subgraphs (one per data op), then consts with their consumers' group
-    sub_of_op: dict[str, object] = {}
+    sub_of_op: dict[str, tuple] = {}   # op -> ("user", data op) or ("group", group id)
     for n in order:
         if placement[n].device == USER:
             sub_of_op[n] = ("user", n)
@@ -278,7 +278,7 @@ def partition(graph: Graph, target: Target, unsupported: Unsupported | None = No
                                  f"its own copy of the constant")
         sub_of_op[n] = homes.pop()
     # the subgraphs: ops in graph order, consts first-used order; subgraphs in topological order
-    ops_of: dict[object, list[str]] = {}
+    ops_of: dict[tuple, list[str]] = {}
     for n in order:
         ops_of.setdefault(sub_of_op[n], []).append(n)
     keys = list(ops_of)

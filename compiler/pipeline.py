@@ -198,39 +198,34 @@ class Pass:
     doc: str
 
 
-def _is_compiled(g: Graph) -> bool:
-    return bool(g.root.children) or any(op.type in ("upload", "download") for op in g.ops.values())
-
-
-def check_graph(g: Graph, recompile: bool = False, output_ops=()) -> None:
-    """What can be checked before any work: a quantized graph (a compiled one only with `recompile`), and output
-    op names that exist in it."""
-    if recompile:
-        if not _is_compiled(g):
-            raise CompileError(f"graph {g.name!r} is not compiled (no DPU subgraphs); compile it without recompile")
-    else:
-        if _is_compiled(g):
-            raise CompileError(f"graph {g.name!r} is already compiled (it has subgraphs or upload/download ops); "
-                               f"recompile it (--recompile) or give the quantized xmodel")
-        if not any(op.type.endswith("-fix") for op in g.ops.values()):
-            raise CompileError(f"graph {g.name!r} is not quantized (no *-fix op, float ops only); quantize it first "
-                               f"(opendpu quantize MODEL.onnx --calib DATA)")
+def check_graph(g: Graph, recompile: bool = False, output_ops=()) -> str:
+    """What can be checked before any work: a quantized graph (`frontend.detect_form`: the canonical form or AMD's
+    vai_q form; a compiled xmodel only with `recompile`), and output op names that exist in it. Returns the form."""
+    from opendpu.compiler.frontend import detect_form
+    form = detect_form(g)
+    if recompile and form != "compiled":
+        raise CompileError(f"graph {g.name!r} is not compiled (no DPU subgraphs); compile it without recompile")
+    if not recompile and form == "compiled":
+        raise CompileError(f"graph {g.name!r} is already compiled (it has DPU subgraphs); recompile it "
+                           f"(--recompile) or give the quantized xmodel")
     for n in output_ops or ():
         if n not in g.ops:
             ends = [m for m in g.ops if not g.consumers(m)]
             raise CompileError(f"option output_ops: no op {n!r} in graph {g.name!r} (XCOM_USER_INVALID_OUTPUT_OPS); "
                                f"its outputs are {ends[:6]}")
+    return form
 
 
 def p_canonicalize(ctx: CompileContext) -> CompileContext:
-    """The quantized XIR graph in canonical `*-fix` form (compiler.frontend); a compiled xmodel with recompile."""
-    from opendpu.compiler import frontend  # type: ignore[attr-defined]  # lands with issue 13's front end
+    """The quantized XIR graph in canonical `*-fix` form (compiler.frontend): ours as it is, AMD's vai_q form with
+    its fix ops fused, a compiled xmodel (recompile) without its subgraphs."""
+    from opendpu.compiler.frontend import canonicalize
     g = ctx.source
-    check_graph(g, ctx.recompile)
-    ctx.graph = frontend.from_compiled(g) if ctx.recompile else frontend.canonicalize(g)
+    form = check_graph(g, ctx.recompile)
+    ctx.graph = canonicalize(g)
     cg = ctx.graph
     fix = sum(1 for op in cg.ops.values() if op.type.endswith("-fix"))
-    ctx.summary = f"{len(cg.ops)} ops ({fix} *-fix) from the {len(g.ops)} ops of {g.name!r}"
+    ctx.summary = f"{len(cg.ops)} ops ({fix} *-fix) from the {len(g.ops)} ops of {g.name!r} ({form} form)"
     return ctx
 
 
