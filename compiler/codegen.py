@@ -199,6 +199,12 @@ class _Ctx:
     dwconvw: Ring
     blob: bytearray = field(default_factory=bytearray)
     workload: int = 0
+    ws_alloc: Callable[[int], int] | None = None        # workspace bytes for temporaries (REG_1 offset)
+
+    def temp(self, h: int, w: int, ch: int, fp: int) -> FMap:
+        """A dense temporary feature map in the workspace."""
+        addr = self.ws_alloc(h * w * ch) if self.ws_alloc else 0
+        return FMap(REG_WORKSPACE, addr, h, w, ch, ch, w * ch, fp)
 
     def const(self, data: bytes) -> int:
         """Append bytes to the CONST blob (aligned); their DDR offset in REG_0."""
@@ -592,18 +598,24 @@ def _elew_chunk(c: _Ctx, job: ElewJob) -> None:
         E, lines = _in_lines(t, tile, 1, cg)
         bufs = []
         for k, fm in enumerate(job.inps):
-            ib = InBuf(t.img_base(0), c.img[0].alloc(lines, f"layer {job.name!r} input {k}"), E, cg, 1, lines)
-            _load_rows(c, fm, tile, ib)
-            bufs.append(ib)
+            # a broadcast input (H or W of 1, spec §6.7 share_pp / jump_read 0) holds only its real rows / columns
+            rb, cb = fm.h == 1 and job.out.h > 1, fm.w == 1 and job.out.w > 1
+            sub = _tile(Window(1, 1, 1, 1, 0, 0, fm.h, fm.w), 0 if rb else tile.y0, 1 if rb else tile.rows,
+                        0 if cb else tile.x0, 1 if cb else tile.cols)
+            Ek, lk = _in_lines(t, sub, 1, cg)
+            ib = InBuf(t.img_base(0), c.img[0].alloc(lk, f"layer {job.name!r} input {k}"), Ek, cg, 1, lk)
+            _load_rows(c, fm, sub, ib)
+            bufs.append((ib, rb, cb))
         Eo = tile.cols * cg
         ob = OutBuf(t.img_base(1), c.img[1].alloc(_ceil(tile.rows, t.pp) * Eo, f"layer {job.name!r} output"),
                     Eo, cg)
         for j0 in range(0, tile.rows, vb):
             vpp = min(vb, tile.rows - j0)
             p, b = divmod(j0, t.pp)
-            for k, ib in enumerate(bufs):
-                c.s.add("ELEWINIT", share_pp=0, bank_id_in=ib.group + b, bank_addr_in=ib.base + p * E,
-                        jump_read_endl=E, id=k, jump_bank=1, jump_read=cg, shift_read=job.shift_read[k])
+            for k, (ib, rb, cb) in enumerate(bufs):
+                c.s.add("ELEWINIT", share_pp=int(rb), bank_id_in=ib.group + (0 if rb else b),
+                        bank_addr_in=ib.base + (0 if rb else p * ib.E), jump_read_endl=ib.E, id=k, jump_bank=1,
+                        jump_read=0 if cb else cg, shift_read=job.shift_read[k])
             c.s.add("ELEW", length=tile.cols, act_type=job.act, elew_type=job.elew_type, bank_id_out=ob.group + b,
                     bank_addr_out=ob.base + p * Eo, jump_write_endl=Eo, num=n, valid_pixel_parallel=vpp,
                     jump_write=cg, shift_write=job.shift_write, channel_group=cg)
@@ -729,15 +741,27 @@ def _classify(graph: Graph, op: Op, t: Target) -> str:
                 raise CodegenError(f"op {op.name!r}: leaky-relu slope {m}/2^{s} is negative or does not fit the ALU")
             return "leaky"
         if et == "PRELU":
-            raise CodegenError(f"op {op.name!r}: PReLU is not compiled yet")
+            a = graph.ops[ins[1]] if len(ins) > 1 else _arg(graph, op, "weights")
+            if a is None or a.type not in ("const-fix", "const"):
+                raise CodegenError(f"op {op.name!r}: PReLU slopes must be a constant")
+            if int(_int8(a).min()) < 0:
+                raise CodegenError(f"op {op.name!r}: negative PReLU slopes (the ALU picks the shift by the sign "
+                                   f"of x*alpha, the reference by the sign of x; spec §6.8 vs §7.7)")
+            return "prelu"
         if et not in ("ADD", "MUL"):
             raise CodegenError(f"op {op.name!r}: eltwise type {et}")
-        shapes = [tuple(graph.ops[i].output.shape) for i in ins]
-        if any(s != tuple(op.output.shape) for s in shapes):
-            raise CodegenError(f"op {op.name!r}: broadcasting eltwise is not compiled yet")
+        y = tuple(int(v) for v in op.output.shape)
+        for i in ins:
+            s_ = tuple(int(v) for v in graph.ops[i].output.shape)
+            if s_ != y and not (len(s_) == len(y) == 4 and s_[3] == y[3] and s_[0] == 1
+                                and s_[1] in (1, y[1]) and s_[2] in (1, y[2])):
+                raise CodegenError(f"op {op.name!r}: eltwise broadcast {list(s_)} -> {list(y)} (only rows and "
+                                   f"columns of 1 are repeated by ELEW)")
         if not 1 <= len(ins) <= 4 or (et == "MUL" and len(ins) != 2):
             raise CodegenError(f"op {op.name!r}: eltwise {et} of {len(ins)} inputs")
         nl = _nonlinear(op)
+        if nl == "RELU6" and et == "ADD" and len(ins) == 1 and _fp(graph.ops[ins[0]]) - _fp(op) in range(0, 64):
+            return "relu6"
         if nl not in ("NONE", "RELU"):
             raise CodegenError(f"op {op.name!r}: nonlinear {nl} on ELEW")
         fps = [_fp(graph.ops[i]) for i in ins]
@@ -756,8 +780,8 @@ def _classify(graph: Graph, op: Op, t: Target) -> str:
         ax = int(op.get("axis", -1))
         if ax < 0:
             ax += len(dims)
-        if ax != len(dims) - 1:
-            raise CodegenError(f"op {op.name!r}: concat along axis {ax} (only channels are compiled)")
+        if ax == 0 or ax >= len(dims) or len(dims) != 4 and ax != len(dims) - 1:
+            raise CodegenError(f"op {op.name!r}: concat along axis {ax} of a {len(dims)}-D tensor")
         for i in _data_inputs(op):
             d = _fp(op) - _fp(graph.ops[i])
             if abs(d) > 15:
@@ -816,6 +840,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
         sizes[reg] = a + nbytes
         return a
 
+    c.ws_alloc = lambda nbytes: alloc(REG_WORKSPACE, nbytes)
     for i in inputs:
         o = graph.ops[i]
         dims = tuple(int(v) for v in o.output.shape)
@@ -833,14 +858,16 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
         if kinds[n] != "concat":
             continue
         c0 = 0
+        axis = _concat_axis(graph.ops[n])
         for i in _data_inputs(graph.ops[n]):
             io = graph.ops[i]
-            ok = (i in ops and kinds.get(i) in ("conv", "dwconv", "pool", "elew", "leaky", "hsigmoid", "upsample")
+            ok = (i in ops and kinds.get(i) in ("conv", "tconv", "dwconv", "pool", "elew", "leaky", "prelu", "relu6",
+                                                        "hsigmoid", "upsample")
                   and i not in out_set and i not in member_of and _fp(io) == _fp(graph.ops[n])
                   and all(kinds.get(cn) != "alias" for cn in graph.consumers(i)))
             if ok:
                 member_of[i] = (n, c0)
-            c0 += hwc(io.output.shape)[2]
+            c0 += hwc(io.output.shape)[axis]
 
     internal: list[DdrImage] = []
 
@@ -852,9 +879,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
         dims = tuple(int(v) for v in o.output.shape)
         if n in member_of:
             cat, c0 = member_of[n]
-            base = place(cat)
-            h, w, ch = hwc(dims)
-            f = FMap(base.reg, base.addr + c0, h, w, ch, base.pix, base.row, _fp(o))
+            f = _member_view(place(cat), _concat_axis(graph.ops[cat]), c0, dims, _fp(o))
         else:
             reg = REG_OUT if n in out_set else REG_WORKSPACE
             f = dense(reg, alloc(reg, math.prod(dims)), dims, _fp(o))
@@ -913,6 +938,22 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
         log(f"{name}: {len(layers)} layers, {len(instrs)} instructions, {len(c.blob)} parameter bytes, "
             f"{sizes[REG_WORKSPACE]} workspace bytes")
     return prog
+
+
+def _concat_axis(op: Op) -> int:
+    """Concat axis as an index into (H, W, C) of the batch-1 image."""
+    rank = len(op.output.shape)
+    ax = int(op.get("axis", -1))
+    if ax < 0:
+        ax += rank
+    return 2 if ax == rank - 1 else ax - 1
+
+
+def _member_view(out: FMap, axis: int, off: int, dims, fp: int) -> FMap:
+    """The part of a concat's image that one member fills (offset `off` along H, W or C)."""
+    h, w, ch = hwc(dims)
+    addr = out.addr + off * (out.row, out.pix, 1)[axis]
+    return FMap(out.reg, addr, h, w, ch, out.pix, out.row, fp)
 
 
 def _image(n: str, f: FMap, dims) -> DdrImage:
@@ -1037,10 +1078,11 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
         return
     if kind == "concat":
         c0 = 0
+        axis = _concat_axis(op)
         for i, f in zip(_data_inputs(op), ins):
-            dst = FMap(out.reg, out.addr + c0, f.h, f.w, f.c, out.pix, out.row, out.fp)
-            c0 += f.c
-            if f.reg == dst.reg and f.addr == dst.addr and f.pix == dst.pix:
+            dst = _member_view(out, axis, c0, graph.ops[i].output.shape, out.fp)
+            c0 += (f.h, f.w, f.c)[axis]
+            if f.reg == dst.reg and f.addr == dst.addr and f.pix == dst.pix and f.row == dst.row:
                 continue                      # written in place by its producer
             if f.fp == out.fp:
                 _copy(c, op.name, f, [dst])
@@ -1050,13 +1092,33 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
     if kind == "upsample":
         x = ins[0]
         sh, sw = out.h // x.h, out.w // x.w
-        src = x
-        if x.fp != out.fp:
-            # rescale into a workspace copy first (ELEW), then replicate it
-            raise CodegenError(f"op {op.name!r}: upsample with a fix-point change is not compiled yet")
+        if x.fp != out.fp:             # rescale into a workspace copy (single-input ELEW), then replicate it
+            tmp = c.temp(x.h, x.w, x.c, out.fp)
+            _elew(c, ElewJob(f"{op.name}[rescale]", [x], tmp, [0], elew_shift_write(out.fp - x.fp), 0, 0))
+            x = tmp
         views = [FMap(out.reg, out.at(dy, dx), x.h, x.w, out.c, out.pix * sw, out.row * sh, out.fp)
                  for dy in range(sh) for dx in range(sw)]
-        _copy(c, op.name, src, views)
+        _copy(c, op.name, x, views)
+        return
+    if kind == "relu6":
+        x = ins[0]
+        # ALU dwconv 1x1 with weight 1 (fix point 0) and ReLU6: y = round(relu6(x * 2^(fp_out - fp_in)))
+        sc = x.fp - fp_out
+        win = Window(1, 1, 1, 1, 0, 0, out.h, out.w)
+        _alu(c, AluJob(op.name, x, out, win, 6, dict(shift_cut=sc, shift_bias=0, act_type=4 if fp_out <= 4 else 1,
+                                                     multi_factor=0, shift_prelu_p=0, shift_prelu_n=0),
+                       np.ones((1, 1, x.c), np.int8), None))
+        return
+    if kind == "prelu":
+        x = ins[0]
+        aop = graph.ops[_data_inputs(op)[1]] if len(_data_inputs(op)) > 1 else _arg(graph, op, "weights")
+        assert aop is not None
+        alpha = np.broadcast_to(_int8(aop).reshape(-1), (x.c,)).astype(np.int8)
+        shift = int(op.get("prelu_shift", _fp(aop)))
+        sp, sn = prelu_shift_codes(shift, x.fp, fp_out)
+        win = Window(1, 1, 1, 1, 0, 0, out.h, out.w)
+        _alu(c, AluJob(op.name, x, out, win, 1, dict(shift_cut=0, shift_bias=0, act_type=0, multi_factor=0,
+                                                     shift_prelu_p=sp, shift_prelu_n=sn), alpha.reshape(1, x.c)))
         return
     raise CodegenError(f"op {op.name!r}: no lowering for kind {kind}")
 
