@@ -21,6 +21,7 @@ from opendpu.quant.emit import QParams, emit_onnx, session, value_name
 from opendpu.quant.onnx_in import QuantError, load_onnx, to_fgraph, torch_to_onnx
 from opendpu.quant.prepare import Prepared, prepare
 
+XMODEL_FORMATS = ("xir", "vai_q")   # QuantResult.write: our *-fix form, or AMD's quantizer form (vai_q_out)
 HSIG_OUT_FP = 7          # hard-sigmoid output is [0, 1]: fix point 7 (its DPU form saturates at 127/128)
 
 
@@ -452,21 +453,28 @@ class QuantResult:
         return "\n".join(lines) + "\n"
 
     def write(self, out_dir: str, calib_x: np.ndarray | None = None, golden_input: np.ndarray | None = None,
-              evaluate: dict | None = None, force: bool = False, inputs=()) -> dict[str, str]:
+              evaluate: dict | None = None, force: bool = False, inputs=(),
+              xmodel_format: str = "xir") -> dict[str, str]:
         """Write every output into out_dir by the shared output rule (compiler.outdir): a missing directory is
         created, an existing one must be empty or opendpu's own unless `force`; only opendpu's files are
-        replaced, and nothing is left behind when writing fails."""
+        replaced, and nothing is left behind when writing fails. `xmodel_format`: "xir" (our *-fix form) or
+        "vai_q" (float ops + fix ops, as AMD's quantizers write it; quant/vai_q_out.py)."""
         from opendpu.compiler.outdir import DirOutput
+        if xmodel_format not in XMODEL_FORMATS:
+            raise QuantError(f"xmodel format {xmodel_format!r}: use one of {', '.join(XMODEL_FORMATS)}")
         out = DirOutput(out_dir, force=force, inputs=inputs)
         with out as tmp:
-            paths = self._write_into(tmp, calib_x, golden_input, evaluate)
+            paths = self._write_into(tmp, calib_x, golden_input, evaluate, xmodel_format)
         return {k: os.path.join(out_dir, os.path.relpath(v, tmp)) for k, v in paths.items()}
 
-    def _write_into(self, d: str, calib_x, golden_input, evaluate) -> dict[str, str]:
+    def _write_into(self, d: str, calib_x, golden_input, evaluate, xmodel_format: str = "xir") -> dict[str, str]:
         import onnx
         base = dump_stem(self.model_name)
         paths = {}
         g = self.xmodel()
+        if xmodel_format == "vai_q":
+            from opendpu.quant.vai_q_out import to_vai_q
+            g = to_vai_q(g)
         paths["xmodel"] = os.path.join(d, f"{base}_int.xmodel")
         g.save(paths["xmodel"])
         paths["onnx"] = os.path.join(d, f"{base}_int.onnx")

@@ -694,7 +694,7 @@ def cmd_quantize(a) -> int:
         res = quantize(a.model, x, target=a.target, config=cfg, quant_info=a.quant_info,
                        progress=(lambda i, n: prog(i, n, "batches")) if prog else None)
     ev = res.evaluate(*ev_data) if ev_data else None
-    paths = res.write(a.output, calib_x=x, evaluate=ev, force=a.force, inputs=ins)
+    paths = res.write(a.output, calib_x=x, evaluate=ev, force=a.force, inputs=ins, xmodel_format=a.format)
     dt = time.perf_counter() - t0
     nodes = res.prep.nodes
     cpu = [n for n in nodes if n.device == "CPU"]
@@ -1032,6 +1032,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--fast-finetune", action="store_true", help="layer-wise AdaQuant-style fast finetune")
     q.add_argument("--evaluate", help="dataset (.npz with x and optional labels y): float vs quantized")
     q.add_argument("--seed", type=SEED, default=0)
+    q.add_argument("--format", default="xir", choices=("xir", "vai_q"),
+                   help="xmodel form: xir (*-fix ops, default) or vai_q (float ops + fix ops, as AMD's quantizers "
+                        "write it for vai_c_xir)")
     force(q)
     q.set_defaults(fn=cmd_quantize)
     ip = verb("inspect", "DPU/CPU placement of every op of a float ONNX model, with reasons")
