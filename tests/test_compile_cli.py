@@ -1,0 +1,217 @@
+"""End to end: `opendpu quantize` -> `opendpu compile` (and `opendpu build`) for B512 and B4096, then the compiled
+model checked against independent references: the quantized graph evaluated by the XIR reference (`run --backend
+ref` of the *_int.xmodel), `opendpu check` (sim against ref), the token race check, and AMD's own compiled programs
+(the shared MNIST and custom-op models recompiled by opendpu must compute what AMD's files compute). Also the
+Python API (`compiler.pipeline.compile`) and its options."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from opendpu.compiler.emit import LAYER_MAP
+from opendpu.compiler.outdir import MARKER
+from opendpu.compiler.pipeline import PASS_NAMES, CompileError, compile as compile_graph
+from opendpu.compiler.xir import dpu_abi as abi
+from opendpu.compiler.xir.graph import Graph
+from opendpu.quant import zoo
+from opendpu.runtime.cli import main as cli
+from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+from opendpu.runtime.runner import GraphRunner
+from tests.conftest import model_path
+
+TARGETS = ("DPUCZDX8G_ISA1_B512", "DPUCZDX8G_ISA1_B4096")
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    """The digits CNN quantized once through the CLI: (its *_int.xmodel, calibration images NCHW)."""
+    d = tmp_path_factory.mktemp("digits")
+    x = zoo.digits_data()[0][:40]
+    np.save(d / "calib.npy", x)
+    assert cli(["quantize", zoo.DIGITS_ONNX, "--calib", str(d / "calib.npy"), "-o", str(d / "q"), "--method",
+                "maxmin", "--target", "DPUCZDX8G_ISA1_B4096"]) == 0
+    return str(d / "q" / "digits_cnn_int.xmodel"), x
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def compiled(request, quantized, tmp_path_factory):
+    xm, _ = quantized
+    out = tmp_path_factory.mktemp("c") / "out"
+    assert cli(["compile", "-x", xm, "--target", request.param, "-o", str(out), "-n", "digits"]) == 0
+    return request.param, out
+
+
+def _raw_outputs(path: str, backend: str, images: np.ndarray) -> list[dict]:
+    gr = GraphRunner(Graph.load(path), backend=backend)
+    spec = gr.get_inputs()[0]
+    outs = []
+    for im in images:
+        x = gr.prepare_input(spec, im[None].transpose(0, 2, 3, 1))
+        res = gr.run([x], keep_values=True)
+        outs.append({k: v for k, (v, _) in gr.output_values(res, raw=True).items()})
+    return outs
+
+
+def test_compile_writes_the_three_files(compiled, capsys):
+    target, out = compiled
+    assert sorted(os.listdir(out)) == sorted([MARKER, "digits.xmodel", "digits_org.xmodel", "meta.json"])
+    meta = json.loads((out / "meta.json").read_text())
+    g = Graph.load(str(out / "digits.xmodel"))
+    sgs = dpu_subgraphs(g)
+    assert meta["target"] == target and meta["filename"] == "digits.xmodel"
+    assert meta["kernel"] == [s.name for s in sgs] and len(sgs) == 1
+    assert meta["fingerprint"] == f"0x{DpuSubgraph(g, sgs[0]).fingerprint:016X}"
+    assert meta["summary"] == "Total device subgraph number 2, DPU subgraph number 1"
+    org = Graph.load(str(out / "digits_org.xmodel"))
+    assert not org.root.children and set(org.ops) < set(g.ops)
+    from opendpu.compiler.emit import md5
+    assert g.attrs["files_md5sum"] == {"digits_org.xmodel": md5((out / "digits_org.xmodel").read_bytes())}
+    assert [s.device for s in g.toposort_child_subgraphs()] == ["USER", "DPU"]
+
+
+def test_compiled_model_computes_the_quantized_graph(compiled, quantized):
+    """The compiled program on the cycle model gives, byte for byte, what the XIR reference computes from the
+    quantized graph (the golden the quantizer wrote the model for)."""
+    target, out = compiled
+    xm, images = quantized
+    ref = _raw_outputs(xm, "ref", images[:6])
+    sim = _raw_outputs(str(out / "digits.xmodel"), "sim", images[:6])
+    assert len(ref) == len(sim) == 6
+    for r, s in zip(ref, sim):
+        assert r.keys() == s.keys()                      # the graph output keeps its tensor name
+        for k in r:
+            assert np.array_equal(r[k], s[k]), k
+
+
+def test_check_races_disasm_profile_xmodel_on_the_compiled_model(compiled, capsys):
+    target, out = compiled
+    m = str(out / "digits.xmodel")
+    capsys.readouterr()
+    assert cli(["check", m, "-n", "3"]) == 0
+    o = capsys.readouterr().out
+    assert o.startswith("PASS") and " 0 mismatching" in o
+    assert cli(["races", m]) == 0
+    assert capsys.readouterr().out.startswith("RACE-FREE")
+    assert cli(["disasm", m]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip() and not ln.startswith("#")]
+    g = Graph.load(m)
+    sg = dpu_subgraphs(g)[0]
+    n = len(DpuSubgraph(g, sg).instructions)
+    assert len(lines) == n and all("; layer subgraph_" in ln for ln in lines)
+    names = {c.name for c in sg.children}
+    assert {ln.split("; layer ")[1].split(" ;")[0].strip() for ln in lines} <= names
+    assert cli(["profile", m]) == 0
+    o = capsys.readouterr().out
+    assert "layer attribution matched" in o
+    matched = o.split("layer attribution matched ")[1].split()[0]
+    a, b = matched.split("/")
+    assert a == b and int(b) > 0
+    assert cli(["xmodel", m]) == 0
+    o = capsys.readouterr().out
+    assert f"target={target}" in o and "REG_0: CONST" in o
+
+
+def test_recompile_for_the_other_target(compiled, quantized, tmp_path, capsys):
+    target, out = compiled
+    other = next(t for t in TARGETS if t != target)
+    dst = tmp_path / "re"
+    assert cli(["compile", "-x", str(out / "digits.xmodel"), "--recompile", "--target", other, "-o", str(dst), "-n",
+                "again"]) == 0
+    g = Graph.load(str(dst / "again.xmodel"))
+    assert DpuSubgraph(g, dpu_subgraphs(g)[0]).target.name == other
+    xm, images = quantized
+    for r, s in zip(_raw_outputs(xm, "ref", images[:3]), _raw_outputs(str(dst / "again.xmodel"), "sim", images[:3])):
+        for k in r:
+            assert np.array_equal(r[k], s[k])
+
+
+def test_build_quantizes_compiles_and_checks(tmp_path, capsys):
+    x = zoo.digits_data()[0][:20]
+    np.save(tmp_path / "calib.npy", x)
+    out = tmp_path / "b"
+    rc = cli(["build", zoo.DIGITS_ONNX, "--calib", str(tmp_path / "calib.npy"), "--target", "DPUCZDX8G_ISA1_B512",
+              "-o", str(out), "--method", "maxmin"])
+    o = capsys.readouterr().out
+    assert rc == 0, o
+    assert (out / "quantized" / "digits_cnn_int.xmodel").is_file()
+    assert sorted(os.listdir(out / "compiled")) == sorted([MARKER, "digits_cnn.xmodel", "digits_cnn_org.xmodel",
+                                                          "meta.json"])
+    assert "Total device subgraph number 2, DPU subgraph number 1" in o and "PASS " in o
+    assert not [p for p in os.listdir(out) if p.startswith(".opendpu-tmp")]
+
+
+# ---- AMD's programs as the reference ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["dpu_mnist_classifier", "tf2_custom_op"])
+def test_recompiled_shared_models_compute_what_amds_programs_compute(name, tmp_path):
+    """opendpu recompiles AMD's compiled models from their graphs; each DPU subgraph of ours, given the same input
+    bytes, writes the same output bytes as AMD's program (run on the same simulator)."""
+    g = Graph.load(model_path(name))
+    t = DpuSubgraph(g, dpu_subgraphs(g)[0]).target
+    res = compile_graph(g, t, recompile=True, name="re")
+    ours = {frozenset(n for n in s.all_ops() if res.graph.ops[n].type not in ("upload", "download")): s
+            for s in dpu_subgraphs(res.graph)}
+    rng = np.random.default_rng(3)
+    n = 0
+    for s in dpu_subgraphs(g):
+        key = frozenset(m for m in s.all_ops() if g.ops[m].type not in ("upload", "download"))
+        da, do = DpuSubgraph(g, s), DpuSubgraph(res.graph, ours[key])
+        assert [(i.name, i.dims) for i in da.inputs] == [(i.name, i.dims) for i in do.inputs]
+        assert [(o.name, o.dims) for o in da.outputs] == [(o.name, o.dims) for o in do.outputs]
+        for _ in range(3):
+            xs = [rng.integers(-128, 128, size=i.dims, dtype=np.int8) for i in da.inputs]
+            for a, b in zip(da.run_sim(xs), do.run_sim(xs)):
+                assert np.array_equal(a, b)
+            n += 1
+    assert n
+
+
+# ---- the Python API and its options --------------------------------------------------------------------------
+def test_api_output_ops_prefetch_and_dump(quantized):
+    xm, images = quantized
+    g = Graph.load(xm)
+    cut = "/features/features.7/MaxPool"
+    res = compile_graph(g, "DPUCZDX8G_ISA1_B4096", name="cut", output_ops=cut, prefetch="true",
+                        dump_after=["partition", "emit"])
+    assert not any(n.startswith("/classifier") for n in res.org.ops)
+    sg = dpu_subgraphs(res.graph)[0]
+    assert [o.op_name for o in abi.read_outputs(res.graph, sg)] == [f"{cut}_download_0"]
+    assert sg.attrs["if_prefetch"] is True and res.graph.root.attrs["prefetch"] is True
+    assert res.meta["options"] == {"output_ops": [cut], "prefetch": True}
+    d = res.dumps["partition"]
+    assert d["partition"]["summary"] == res.partition.summary() and "programs" not in d
+    assert set(res.dumps["emit"]["programs"]) == {sg.name} and LAYER_MAP not in json.dumps(d)
+    listing = res.dumps["emit"]["programs"][sg.name]["listing"]
+    assert len(listing) == len(res.programs[sg.name].instructions)
+    files = res.files()
+    assert set(files) == {"cut.xmodel", "cut_org.xmodel", "meta.json", "dump_after_partition.json",
+                          "dump_after_emit.json"}
+    # the cut graph's output is the reference value of that op
+    gr = GraphRunner(Graph.load(xm), backend="ref")
+    x = gr.prepare_input(gr.get_inputs()[0], images[0][None].transpose(0, 2, 3, 1))
+    want = gr.run([x], keep_values=True).values[cut]
+    cr = GraphRunner(res.graph, backend="sim")
+    got = cr.run([x]).outputs
+    assert list(got) == [g.ops[cut].output.name] and np.array_equal(got[g.ops[cut].output.name], want)
+
+
+def test_api_rejects_bad_options(quantized):
+    g = Graph.load(quantized[0])
+    t = "DPUCZDX8G_ISA1_B512"
+    for kw, why in (({"optimize": 3}, "unknown option 'optimize'; known options: input_shape, output_ops"),
+                    ({"output_ops": "no_such_op"}, "no op 'no_such_op'"),
+                    ({"output_ops": "input"}, "data-fix op"),
+                    ({"output_ops": "/features/features.3/MaxPool,/features/features.7/MaxPool"}, "feeds the other"),
+                    ({"input_shape": "1,16,16,1"}, r"\[1, 8, 8, 1\]"),
+                    ({"input_shape": "1,8,8,1;1,8,8,1"}, "2 shape"),
+                    ({"input_shape": "1,x,8,1"}, "not a list of integers"),
+                    ({"prefetch": "maybe"}, "not a boolean"),
+                    ({"plugins": "libmine.so"}, "not supported")):
+        with pytest.raises(CompileError, match=why):
+            compile_graph(g, t, **kw)
+    with pytest.raises(CompileError, match="no such pass; the passes are " + ", ".join(PASS_NAMES)):
+        compile_graph(g, t, dump_after=["fuse"])
+    assert compile_graph(g, t, input_shape=[1, 8, 8, 1], hd_opt=False).meta["options"] == {
+        "input_shape": [[1, 8, 8, 1]], "hd_opt": False}
