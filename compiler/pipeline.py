@@ -198,9 +198,10 @@ class Pass:
     doc: str
 
 
-def check_graph(g: Graph, recompile: bool = False, output_ops=()) -> str:
+def check_graph(g: Graph, recompile: bool = False, options: dict | None = None) -> str:
     """What can be checked before any work: a quantized graph (`frontend.detect_form`: the canonical form or AMD's
-    vai_q form; a compiled xmodel only with `recompile`), and output op names that exist in it. Returns the form."""
+    vai_q form; a compiled xmodel only with `recompile`), and the checked `options` that name its ops and inputs
+    (output_ops exist, input_shape equals its input shapes). Returns the form."""
     from opendpu.compiler.frontend import detect_form
     form = detect_form(g)
     if recompile and form != "compiled":
@@ -208,7 +209,9 @@ def check_graph(g: Graph, recompile: bool = False, output_ops=()) -> str:
     if not recompile and form == "compiled":
         raise CompileError(f"graph {g.name!r} is already compiled (it has DPU subgraphs); recompile it "
                            f"(--recompile) or give the quantized xmodel")
-    for n in output_ops or ():
+    options = options or {}
+    _check_input_shape(g, options.get("input_shape"))
+    for n in options.get("output_ops") or ():
         if n not in g.ops:
             ends = [m for m in g.ops if not g.consumers(m)]
             raise CompileError(f"option output_ops: no op {n!r} in graph {g.name!r} (XCOM_USER_INVALID_OUTPUT_OPS); "
@@ -245,17 +248,8 @@ def p_apply_options(ctx: CompileContext) -> CompileContext:
             raise CompileError(f"input {n!r} has the dynamic shape {shape}: opendpu compiles static shapes only; "
                                f"quantize the model with a static input shape (input_shape cannot re-infer the "
                                f"shapes of the graph)")
-    shapes = ctx.options.get("input_shape")
-    if shapes is not None:
-        if len(shapes) != len(ins):
-            raise CompileError(f"option input_shape gives {len(shapes)} shape(s) for the {len(ins)} input(s) "
-                               f"{ins[:4]} of the graph")
-        for n, s in zip(ins, shapes):
-            have = shape_of(g, n)
-            if have != s:
-                raise CompileError(f"option input_shape {s} for input {n!r}: the quantized graph's input is {have}; "
-                                   f"opendpu compiles the static shapes the model was quantized with (quantize it "
-                                   f"again at {s})")
+    if ctx.options.get("input_shape") is not None:
+        _check_input_shape(g, ctx.options["input_shape"])
         done.append(f"input_shape matches {len(ins)} input(s)")
     outs = ctx.options.get("output_ops")
     if outs is not None:
@@ -288,6 +282,22 @@ def p_apply_options(ctx: CompileContext) -> CompileContext:
             done.append(f"{k}={str(ctx.options[k]).lower()} recorded (no effect on the instructions)")
     ctx.summary = "; ".join(done) if done else "no options"
     return ctx
+
+
+def _check_input_shape(g: Graph, shapes: list[list[int]] | None) -> None:
+    """input_shape must give the graph's own static input shapes, one per input in graph order."""
+    if shapes is None:
+        return
+    ins = _inputs_of(g)
+    if len(shapes) != len(ins):
+        raise CompileError(f"option input_shape gives {len(shapes)} shape(s) for the {len(ins)} input(s) "
+                           f"{ins[:4]} of the graph")
+    for n, s in zip(ins, shapes):
+        have = shape_of(g, n)
+        if have != s:
+            raise CompileError(f"option input_shape {s} for input {n!r}: the quantized graph's input is {have}; "
+                               f"opendpu compiles the static shapes the model was quantized with (quantize it "
+                               f"again at {s})")
 
 
 def _ancestors(g: Graph, n: str) -> set[str]:

@@ -787,7 +787,7 @@ def cmd_compile(a) -> int:
     inputs = [a.xmodel] + ([a.arch] if a.arch else []) + ([a.target] if a.target and os.path.isfile(a.target) else [])
     check_dir(a.output_dir, force=a.force, inputs=inputs, what="output directory (-o)")
     g = _load_graph(a.xmodel)
-    check_graph(g, a.recompile, opts.get("output_ops"))
+    check_graph(g, a.recompile, opts)
     res = compile_graph(g, target, name=name, recompile=a.recompile, dump_after=dumps, log=print, **opts)
     with DirOutput(a.output_dir, force=a.force, inputs=inputs, what="output directory (-o)") as tmp:
         res.write(tmp)

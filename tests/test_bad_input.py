@@ -45,7 +45,7 @@ HAVE_MODELS = os.path.isfile(MNIST_SRC) and os.path.isfile(TF2_SRC)
 pytestmark = pytest.mark.skipif(not HAVE_MODELS, reason=f"shared models not present in {MODELS}")
 
 VERBS = ("run", "check", "disasm", "races", "xmodel", "profile", "sweep", "cosim", "quantize", "inspect", "zoo",
-         "targets")
+         "targets", "compile", "build")
 ERR_LINE = re.compile(r"^opendpu(?: (?P<verb>[a-z]+))?: error: (?P<msg>.+)$")
 MNIST_SHAPE = "[1, 28, 28, 1]"
 
@@ -423,6 +423,16 @@ def ws(tmp_path_factory) -> Workspace:
     w.write("qi_bad_fp", json.dumps({"tensors": {"input": {"fix_point": "six"}}}), "qi_bad_fp.json")
     w.write("qi_fp_range", json.dumps({"tensors": {"input": {"fix_point": 10 ** 9}}}), "qi_fp_range.json")
     w.write("qi_list", json.dumps([1, 2]), "qi_list.json")
+    # compiler inputs: the digits CNN quantized (the *-fix form), a float graph that was never quantized
+    from opendpu.compiler.xir.graph import Tensor
+    from opendpu.quant.quantize import QuantConfig, quantize
+    res = quantize(DIGITS_SRC, np.load(w.p["calib"]), target="DPUCZDX8G_ISA1_B512",
+                   config=QuantConfig(method="maxmin"))
+    res.xmodel().save(w.path("q", "digits_int.xmodel"))
+    fg = Graph("float_net")
+    fg.add_op("image", "data", {}, {"shape": [1, 8, 8, 1]}, Tensor("image", [1, 8, 8, 1], 4, 32))
+    fg.add_op("act", "relu", {"input": ["image"]}, {}, Tensor("act", [1, 8, 8, 1], 4, 32))
+    fg.save(w.path("float_xmodel", "float_net.xmodel"))
     # golden directories
     os.makedirs(w.path("golden_empty", "golden_empty"))
     os.makedirs(w.path("golden_unrelated", "golden_unrelated"))
@@ -488,7 +498,8 @@ COMPUTE = (("opendpu.runtime.runner", "Runner._run"), ("opendpu.runtime.runner",
            ("opendpu.sim.sweep", "sweep"), ("opendpu.runtime.cosim", "cosim_programs"), ("opendpu.sim", "warm_kernels"),
            ("opendpu.quant.quantize", "_calibrate"),
            ("opendpu.quant.quantize", "_weights"), ("opendpu.quant.quantize", "QuantResult.evaluate"),
-           ("opendpu.quant.inspect", "op_descs"), ("opendpu.quant.zoo", "summary"), ("opendpu.quant.zoo", "build"))
+           ("opendpu.quant.inspect", "op_descs"), ("opendpu.quant.zoo", "summary"), ("opendpu.quant.zoo", "build"),
+           ("opendpu.compiler.pipeline", "compile"), ("opendpu.compiler.codegen", "generate"))
 
 
 def _resolve(modname: str, attr: str):
@@ -968,13 +979,114 @@ ARCHS += [Case(f"{v}_arch_{k}", f"{argv} --target {{arch_{k}}}", must=[f"{k}.jso
                              ("run_ref", RUN_REF, "fingerprint_other_dpu"))]
 
 
+# ---- L. compile and build: usage, inputs, targets, --options, names, outputs --------------------------------------
+COMPILE = "compile -x {q} --target DPUCZDX8G_ISA1_B512 -o {out}/c -n net"
+BUILD = "build {onnx} --calib {calib} --target DPUCZDX8G_ISA1_B512 -o {out}/b"
+
+
+def _opts(cid, json_text, must, argv=COMPILE):
+    return Case(cid, argv.split() + ["--options", json_text.replace("{", "{{").replace("}", "}}")], must=must)
+
+
+COMPILER = [
+    Case("compile_without_x", "compile --target DPUCZDX8G_ISA1_B512 -o {out}/c -n net", must=["-x"]),
+    Case("compile_without_o", "compile -x {q} --target DPUCZDX8G_ISA1_B512 -n net", must=["-o"]),
+    Case("compile_without_n", "compile -x {q} --target DPUCZDX8G_ISA1_B512 -o {out}/c", must=["-n"]),
+    Case("compile_without_target", "compile -x {q} -o {out}/c -n net", must=["-a", "--target"]),
+    Case("compile_arch_and_target", COMPILE + " -a {arch_no_key}", must=["either", "-a", "--target"]),
+    Case("compile_unknown_option", COMPILE + " --bogus-option", must=["--bogus-option"]),
+    Case("build_without_calib", "build {onnx} --target DPUCZDX8G_ISA1_B512 -o {out}/b", must=["--calib"]),
+    Case("build_without_target", "build {onnx} --calib {calib} -o {out}/b", must=["--target"]),
+    Case("build_without_output", "build {onnx} --calib {calib} --target DPUCZDX8G_ISA1_B512", must=["-o"]),
+    Case("build_unknown_option", BUILD + " --bogus-option", must=["--bogus-option"]),
+    Case("build_bad_method", BUILD + " --method magic", must=["--method", "magic"]),
+    _range("build_check_n_zero", BUILD, "--check-n", "0"),
+    _range("build_seed_negative", BUILD, "--seed", "-1"),
+    # inputs
+    Case("compile_model_missing", "compile -x {in}/missing.xmodel --target DPUCZDX8G_ISA1_B512 -o {out}/c -n net",
+         must=["missing.xmodel", "no such file"]),
+    Case("compile_model_directory", "compile -x {adir} --target DPUCZDX8G_ISA1_B512 -o {out}/c -n net",
+         must=["adir", "directory"]),
+    Case("compile_model_empty", "compile -x {empty_file} --target DPUCZDX8G_ISA1_B512 -o {out}/c -n net",
+         must=["empty.xmodel", "empty"]),
+    Case("compile_model_text", "compile -x {text} --target DPUCZDX8G_ISA1_B512 -o {out}/c -n net",
+         must=["notes.txt", "not an xmodel"]),
+    Case("compile_model_truncated", "compile -x {trunc_4000} --target DPUCZDX8G_ISA1_B512 -o {out}/c -n net",
+         must=["trunc_4000.xmodel"]),
+    Case("compile_model_onnx", "compile -x {onnx_as_xmodel} --target DPUCZDX8G_ISA1_B512 -o {out}/c -n net",
+         must=["digits.xmodel", "not an xmodel"]),
+    Case("compile_float_xmodel", "compile -x {float_xmodel} --target DPUCZDX8G_ISA1_B512 -o {out}/c -n net",
+         must=["float_net", "not quantized", "opendpu quantize"]),
+    Case("compile_compiled_without_recompile", "compile -x {mnist} --target DPUCZDX8G_ISA1_B4096 -o {out}/c -n net",
+         must=["already compiled", "--recompile"]),
+    Case("compile_recompile_uncompiled", COMPILE + " --recompile", must=["not compiled"]),
+    Case("build_model_missing", "build {in}/missing.onnx --calib {calib} --target DPUCZDX8G_ISA1_B512 -o {out}/b",
+         must=["missing.onnx", "no such file"]),
+    Case("build_model_text", "build {text} --calib {calib} --target DPUCZDX8G_ISA1_B512 -o {out}/b",
+         must=["notes.txt"]),
+    Case("build_model_xmodel", "build {mnist} --calib {calib} --target DPUCZDX8G_ISA1_B512 -o {out}/b",
+         must=["mnist.xmodel"]),
+    Case("build_calib_missing", "build {onnx} --calib {in}/missing.npy --target DPUCZDX8G_ISA1_B512 -o {out}/b",
+         must=["missing.npy", "no such file"]),
+    Case("build_calib_wrong_shape", "build {onnx} --calib {calib_nhwc} --target DPUCZDX8G_ISA1_B512 -o {out}/b",
+         must=["calib_nhwc.npy", "[1, 1, 8, 8]"]),
+    Case("build_calib_nan", "build {onnx} --calib {calib_nan} --target DPUCZDX8G_ISA1_B512 -o {out}/b",
+         must=["calib_nan.npy", ("nan", "inf")]),
+    # targets
+    Case("compile_target_unknown", "compile -x {q} --target B9999 -o {out}/c -n net", must=["B9999"]),
+    Case("compile_arch_missing", "compile -x {q} -a {arch_missing} -o {out}/c -n net",
+         must=["missing.json", "no such file"]),
+    Case("compile_target_directory", "compile -x {q} --target {adir} -o {out}/c -n net", must=["adir", "directory"]),
+    Case("build_target_unknown", "build {onnx} --calib {calib} --target B9999 -o {out}/b", must=["B9999"]),
+]
+COMPILER += [Case(f"compile_arch_{k}", "compile -x {q} -a {arch_%s} -o {out}/c -n net" % k,
+                  must=[f"{k}.json"] + ARCH_MUST[k])
+             for k in ("not_json", "list", "no_key", "fingerprint_other_dpu", "target_unknown", "timing_huge")]
+COMPILER += [
+    # --options (vai_c keys), --dump-after, -n
+    _opts("options_not_json", "{not json", ["--options", "JSON"]),
+    _opts("options_a_list", "[1, 2]", ["options", "object"]),
+    _opts("options_unknown_key", '{"optimize": 3}', ["optimize", "input_shape, output_ops"]),
+    _opts("options_output_ops_unknown", '{"output_ops": "no_such_op"}', ["no_such_op", "output_ops"]),
+    _opts("options_output_ops_not_names", '{"output_ops": 5}', ["output_ops"]),
+    _opts("options_input_shape_other", '{"input_shape": "1,16,16,1"}', ["input_shape", "[1, 8, 8, 1]"]),
+    _opts("options_input_shape_garbage", '{"input_shape": "1,x,8,1"}', ["input_shape", "1,x,8,1"]),
+    _opts("options_input_shape_two", '{"input_shape": "1,8,8,1;1,8,8,1"}', ["input_shape", "2 shape"]),
+    _opts("options_prefetch_not_bool", '{"prefetch": "maybe"}', ["prefetch", "maybe"]),
+    _opts("options_plugins", '{"plugins": "libmine.so"}', ["plugins", "not supported"]),
+    _opts("build_options_unknown_key", '{"optimize": 3}', ["optimize"], argv=BUILD),
+    Case("compile_dump_after_unknown", COMPILE + " --dump-after fuse", must=["fuse", "canonicalize"]),
+    Case("compile_name_with_directory", "compile -x {q} --target DPUCZDX8G_ISA1_B512 -o {out}/c -n ../net",
+         must=["../net"]),
+    Case("compile_name_hidden", "compile -x {q} --target DPUCZDX8G_ISA1_B512 -o {out}/c -n .net", must=[".net"]),
+    Case("build_name_with_directory", BUILD + " -n sub/net", must=["sub/net"]),
+]
+for _v, _argv in (("compile", "compile -x {q} --target DPUCZDX8G_ISA1_B512 -n net"),
+                  ("build", "build {onnx} --calib {calib} --target DPUCZDX8G_ISA1_B512")):
+    COMPILER += [
+        Case(f"{_v}_o_dot", _argv + " -o .", must=["--force"], cwd="{in}"),
+        Case(f"{_v}_o_foreign_directory", _argv + " -o {foreign}", must=["foreign", "--force"]),
+        Case(f"{_v}_o_regular_file", _argv + " -o {file}", must=["file.txt"]),
+        Case(f"{_v}_o_regular_file_forced", _argv + " -o {file} --force", must=["file.txt"]),
+        Case(f"{_v}_o_ancestor_of_input", _argv + " -o {in}", must=["--force"]),
+        Case(f"{_v}_o_missing_parent_file", _argv + " -o {file}/sub", must=["file.txt"]),
+    ]
+COMPILER += [Case("compile_o_the_model", "compile -x {q} --target DPUCZDX8G_ISA1_B512 -n net -o {q}",
+                  must=["digits_int.xmodel"])]
+
+
 ALL_TABLES = {"usage": USAGE, "ranges": RANGES, "timing": TIMING, "combinations": COMBOS, "input paths": PATHS,
               "output paths": OUTPUTS, "dtypes/NaN/shapes": VALUES, "corrupted xmodels": XMODELS,
-              "hostile ONNX": ONNX_CASES, "hostile arch.json": ARCHS}
+              "hostile ONNX": ONNX_CASES, "hostile arch.json": ARCHS, "compile/build": COMPILER}
 
 
 @_params(USAGE)
 def test_usage(ws, case, monkeypatch, capsys):
+    check_case(ws, case, monkeypatch, capsys)
+
+
+@_params(COMPILER)
+def test_compile_and_build(ws, case, monkeypatch, capsys):
     check_case(ws, case, monkeypatch, capsys)
 
 
