@@ -264,7 +264,7 @@ def emit(graph: Graph, part: Partition, programs: dict[str, DpuProgram], target:
     total_wl = total_arch = 0
     for s in part.subgraphs:
         if s.device == DPU:
-            sg = _dpu_subgraph(out, graph, s, programs[s.name], target, options, download, upload, readers)
+            sg = _dpu_subgraph(out, graph, s, programs[s.name], target, options, download, upload)
         else:
             sg = Subgraph(s.name, list(s.ops))
             sg.attrs.set("device", s.device, "string_value")
@@ -295,8 +295,7 @@ def emit(graph: Graph, part: Partition, programs: dict[str, DpuProgram], target:
 
 
 def _dpu_subgraph(out: Graph, graph: Graph, s: SubgraphPlan, prog: DpuProgram, target: Target, options: dict,
-                  download: dict[str, str], upload: dict[tuple[str, str], str],
-                  readers: dict[str, list[str]]) -> Subgraph:
+                  download: dict[str, str], upload: dict[tuple[str, str], str]) -> Subgraph:
     sg = Subgraph(s.name)
     kids: list[Subgraph] = []
 

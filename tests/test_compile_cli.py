@@ -86,6 +86,20 @@ def test_compiled_model_computes_the_quantized_graph(compiled, quantized):
             assert np.array_equal(r[k], s[k]), k
 
 
+def test_compiled_model_matches_the_quantizers_golden_per_layer(compiled, quantized, capsys):
+    """`opendpu run --golden` on the cycle model: every layer the program stores equals the quantizer's golden dump
+    (computed by the ONNX fake-quant model, not by the XIR reference)."""
+    target, out = compiled
+    golden = os.path.join(os.path.dirname(quantized[0]), "golden")
+    capsys.readouterr()
+    assert cli(["run", str(out / "digits.xmodel"), "-i", os.path.join(golden, "input_aquant.bin"), "--golden",
+                golden]) == 0
+    o = capsys.readouterr().out
+    ok = [ln for ln in o.splitlines() if ln.startswith("XLNX_GOLDEN_DIR: compare data success")]
+    assert "fail !" not in o and len(ok) >= 5, o
+    assert "/classifier/classifier.4/Gemm_reshape" in " ".join(ok)        # the graph output, by its own name
+
+
 def test_check_races_disasm_profile_xmodel_on_the_compiled_model(compiled, capsys):
     target, out = compiled
     m = str(out / "digits.xmodel")
