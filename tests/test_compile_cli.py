@@ -157,6 +157,45 @@ def test_build_quantizes_compiles_and_checks(tmp_path, capsys):
     assert not [p for p in os.listdir(out) if p.startswith(".opendpu-tmp")]
 
 
+def test_a_cpu_op_in_the_middle(tmp_path, capsys):
+    """conv -> Sigmoid (float, CPU) -> conv: USER, DPU, CPU, DPU subgraphs; the CPU op's reason is printed; the
+    whole compiled graph on the cycle model equals the quantized graph on the XIR reference."""
+    import onnx
+    from onnx import helper as h
+    from opendpu.quant.quantize import QuantConfig, quantize
+    from tests.test_quant import _model
+    r = np.random.default_rng(1)
+    inits = {"w1": r.normal(0, .3, (8, 3, 3, 3)), "b1": r.normal(0, .1, 8), "w2": r.normal(0, .3, (8, 8, 3, 3)),
+             "b2": r.normal(0, .1, 8)}
+    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             h.make_node("Sigmoid", ["c1"], ["s"], name="sig"),
+             h.make_node("Conv", ["s", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             h.make_node("Relu", ["c2"], ["y"], name="relu2")]
+    onnx.save(_model(nodes, inits, [1, 3, 8, 8], ["y"], name="mid"), tmp_path / "mid.onnx")
+    x = r.standard_normal((8, 3, 8, 8)).astype(np.float32)
+    q = quantize(str(tmp_path / "mid.onnx"), x, target="DPUCZDX8G_ISA1_B512", config=QuantConfig(method="maxmin"))
+    q.xmodel().save(str(tmp_path / "mid_int.xmodel"))
+    capsys.readouterr()
+    assert cli(["compile", "-x", str(tmp_path / "mid_int.xmodel"), "--target", "DPUCZDX8G_ISA1_B512", "-o",
+                str(tmp_path / "c"), "-n", "mid"]) == 0
+    o = capsys.readouterr().out
+    assert "Total device subgraph number 4, DPU subgraph number 2" in o
+    assert "CPU op sig (sigmoid): sigmoid is not supported by the DPU" in o
+    g = Graph.load(str(tmp_path / "c" / "mid.xmodel"))
+    assert [s.device for s in g.toposort_child_subgraphs()] == ["USER", "DPU", "CPU", "DPU"]
+    cpu = next(s for s in g.root.children if s.device == "CPU")
+    assert [g.ops[n].type for n in g.toposort(cpu.all_ops())] == ["fix2float", "sigmoid", "float2fix"]
+    assert g.ops["conv1_fix2float"].input_ops() == ["conv1_download_0"]
+    assert g.ops["sig_float2fix_upload_0"].input_ops() == ["sig_float2fix"]
+    ref, sim = GraphRunner(q.xmodel(), backend="ref"), GraphRunner(g, backend="sim")
+    for k in range(4):
+        xi = ref.prepare_input(ref.get_inputs()[0], x[k:k + 1].transpose(0, 2, 3, 1))
+        a, b = ref.run([xi]).outputs, sim.run([xi]).outputs
+        assert a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
+    assert cli(["check", str(tmp_path / "c" / "mid.xmodel")]) == 0
+    assert capsys.readouterr().out.count("PASS ") == 2
+
+
 # ---- AMD's programs as the reference ----------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["dpu_mnist_classifier", "tf2_custom_op"])
 def test_recompiled_shared_models_compute_what_amds_programs_compute(name, tmp_path):
