@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -378,7 +379,12 @@ class Target:
                 return cls.from_fingerprint(int(tail, 16))
             except ValueError:
                 pass
-        raise TargetError(f"unknown target {name!r}; presets: {', '.join(PRESET_FINGERPRINTS)}")
+        m = _PARAM_NAME.fullmatch(n.upper())
+        if m:                     # a parametric configuration by its parameters (Target.describe form)
+            pp, cp, alu_pp, depth = (int(v) if v else None for v in m.groups())
+            return cls.parametric(pp, cp, alu_pp, bank_depth=depth or 2048)
+        raise TargetError(f"unknown target {name!r}; presets: {', '.join(PRESET_FINGERPRINTS)}, or a parametric "
+                          f"configuration PP<n>_CP<n>[_ALUPP<n>][_D<depth>] (e.g. PP2_CP4_ALUPP1_D512)")
 
     @classmethod
     def from_arch_json(cls, path: str) -> "Target":
@@ -480,6 +486,10 @@ def _preset(name: str) -> Target:
 
 
 PRESETS = tuple(PRESET_FINGERPRINTS)
+
+
+# "PP2_CP4_ALUPP1_D512", optionally behind the generated name's "DPUCZDX8G_ISA1_B<size>_" prefix
+_PARAM_NAME = re.compile(r"(?:DPUCZDX8G_ISA1_B\d+_)?PP(\d+)_CP(\d+)(?:_ALUPP(\d+))?(?:_D(\d+))?")
 
 
 def get_target(spec: "str | int | Target") -> Target:

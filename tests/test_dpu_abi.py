@@ -176,8 +176,18 @@ def test_write_registers_in_amds_form_and_refusals():
 
 def test_write_refusals_for_targets_and_images(mnist_path):
     t = Target.parametric(4, 8, bank_depth=1024)           # bank depth 1024 has no fingerprint (spec §3.2)
-    with pytest.raises(abi.DpuAbiError, match="has no fingerprint"):
-        abi.DpuSubgraphSpec.for_target(t, b"\0" * 16, _regs())
+    s = abi.DpuSubgraphSpec.for_target(t, b"\0" * 16, _regs())
+    assert s.fingerprint == 0                               # named by opendpu_target instead (docs/compiler.md)
+    sg = Subgraph("p")
+    abi.write_dpu_subgraph(sg, s)
+    assert sg.attrs[abi.OPENDPU_TARGET] == "DPUCZDX8G_ISA1_B512_PP4_CP8_ALUPP2_D1024"
+    back = abi.read_dpu_subgraph(sg)
+    assert (back.target.pp, back.target.cp, back.target.alu_pp, back.target.bank_depth) == (4, 8, 2, 1024)
+    sg.attrs.set(abi.OPENDPU_TARGET, "DPUCZDX8G_ISA1_B512", "string_value")     # a fingerprinted target
+    with pytest.raises(abi.DpuAbiError, match="but dpu_fingerprint is 0"):
+        abi.read_dpu_subgraph(sg)
+    with pytest.raises(abi.DpuAbiError, match="no fingerprint; dpu_fingerprint must be 0"):
+        abi.write_dpu_subgraph(sg, abi.DpuSubgraphSpec(t, 5, b"\0" * 16, _regs()))
     s = abi.DpuSubgraphSpec.for_target(Target.from_name("B512"), b"\0" * 16, _regs(), workload=7)
     assert (s.fingerprint, s.dpu_name) == (0x0101000056010200, "DPUCZDX8G_ISA1_B512")
     with pytest.raises(abi.DpuAbiError, match="stride"):

@@ -27,6 +27,9 @@ DEVICE = "device"
 DEVICE_DPU = "DPU"
 DPU_FINGERPRINT = "dpu_fingerprint"
 DPU_NAME = "dpu_name"
+# opendpu extension: a configuration no fingerprint describes (spec §3.2: bank_depth 2048 and the ARCH table only)
+# is named by its parameters (Target.from_name reads "..._PP2_CP4_ALUPP1_D512"); dpu_fingerprint is then 0.
+OPENDPU_TARGET = "opendpu_target"
 MC_CODE = "mc_code"
 MC_CODE_PRELOAD = "mc_code_preload"
 WORKLOAD = "workload"
@@ -201,10 +204,9 @@ class DpuSubgraphSpec:
     @classmethod
     def for_target(cls, target: Target, mc_code: bytes, registers: RegisterMap,
                    workload: int | None = None) -> "DpuSubgraphSpec":
-        """The spec of a program compiled for `target`: its fingerprint and name as AMD's compiler writes them."""
-        if target.fingerprint is None:
-            raise DpuAbiError(f"target {target.name} has no fingerprint (spec §3.2): a DPU subgraph cannot name it")
-        return cls(target, target.fingerprint, bytes(mc_code), registers, target.name, workload)
+        """The spec of a program compiled for `target`: its fingerprint and name as AMD's compiler writes them (a
+        configuration without a fingerprint gets 0 and is named by OPENDPU_TARGET)."""
+        return cls(target, target.fingerprint or 0, bytes(mc_code), registers, target.name, workload)
 
 
 def read_dpu_subgraph(sg: Subgraph) -> DpuSubgraphSpec:
@@ -214,8 +216,17 @@ def read_dpu_subgraph(sg: Subgraph) -> DpuSubgraphSpec:
     fp = sg.attrs.get(DPU_FINGERPRINT)
     if fp is None:
         raise DpuAbiError(f"subgraph {sg.name!r} carries no dpu_fingerprint (VART_GRAPH_FINGERPRINT_ERROR)")
+    param = sg.attrs.get(OPENDPU_TARGET)
     try:
-        target = Target.from_fingerprint(int(fp))
+        if param is not None and int(fp) == 0:
+            if not isinstance(param, str):
+                raise TargetError(f"{OPENDPU_TARGET} must be a string, got {type(param).__name__}")
+            target = Target.from_name(param)
+            if target.fingerprint is not None:
+                raise TargetError(f"{OPENDPU_TARGET} {param!r} has fingerprint 0x{target.fingerprint:016X}, "
+                                  f"but dpu_fingerprint is 0")
+        else:
+            target = Target.from_fingerprint(int(fp))
     except TargetError as e:
         raise DpuAbiError(f"subgraph {sg.name!r}: {e}") from None
     regs = read_registers(sg)
@@ -238,6 +249,11 @@ def write_dpu_subgraph(sg: Subgraph, spec: DpuSubgraphSpec) -> None:
     sg.attrs.set(DEVICE, DEVICE_DPU, k[DEVICE])
     sg.attrs.set(DPU_NAME, spec.dpu_name or spec.target.name, k[DPU_NAME])
     sg.attrs.set(DPU_FINGERPRINT, fp, k[DPU_FINGERPRINT])
+    if spec.target.fingerprint is None:
+        if fp != 0:
+            raise DpuAbiError(f"subgraph {sg.name!r}: target {spec.target.name} has no fingerprint; "
+                              f"dpu_fingerprint must be 0")
+        sg.attrs.set(OPENDPU_TARGET, spec.target.name, "string_value")
     sg.attrs.set(MC_CODE, bytes(spec.mc_code), k[MC_CODE])
     sg.attrs.set(MC_CODE_PRELOAD, b"", k[MC_CODE_PRELOAD])       # present but empty on every ISA1 model (§8.2)
     sg.attrs.set(RUNNER, dict(DPU_RUNNERS), k[RUNNER])
