@@ -268,3 +268,22 @@ def test_api_rejects_bad_options(quantized):
         compile_graph(g, t, dump_after=["fuse"])
     assert compile_graph(g, t, input_shape=[1, 8, 8, 1], hd_opt=False).meta["options"] == {
         "input_shape": [[1, 8, 8, 1]], "hd_opt": False}
+
+
+def test_a_dpu_output_read_directly_by_another_dpu_subgraph():
+    """c1 feeds c3 directly and through a CPU op, so they are two DPU subgraphs: c3's subgraph uploads c1's
+    download (the interface in DDR between them), and the graph on the cycle model equals the reference."""
+    from tests.test_partition import G
+    b = G()
+    c1 = b.conv("c1", b.data("x"))
+    b.add("c3", [c1, b.float2fix("back", b.float_op("sig", "sigmoid", [b.fix2float("c1_f", c1)]))])
+    res = compile_graph(b.g, "DPUCZDX8G_ISA1_B512")
+    g = res.graph
+    assert [s.device for s in g.toposort_child_subgraphs()] == ["USER", "DPU", "CPU", "DPU"]
+    assert g.ops["c1_upload_0"].input_ops() == ["c1_download_0"] and g.ops["c1_f"].input_ops() == ["c1_download_0"]
+    assert g.ops["c3"].input_ops() == ["c1_upload_0", "back_upload_0"]
+    rng = np.random.default_rng(0)
+    ref, sim = GraphRunner(b.g, backend="ref"), GraphRunner(g, backend="sim")
+    for _ in range(3):
+        xi = rng.integers(-128, 128, (1, 8, 8, 4)).astype(np.int8)
+        assert np.array_equal(ref.run([xi]).outputs["c3"], sim.run([xi]).outputs["c3"])
