@@ -289,6 +289,16 @@ class _FromVaiQ:
             raise FrontendError(f"{self.where}: {e}") from None
         return name
 
+    def move_before(self, name: str, before: str) -> None:
+        """Move the converted op `name` to just before `before` (both already emitted; order only)."""
+        ops = self.out.ops
+        moved = ops.pop(name)
+        items = list(ops.items())
+        i = [k for k, _ in items].index(before)
+        ops.clear()
+        ops.update(items[:i] + [(name, moved)] + items[i:])
+        self.out._consumers = None
+
     def fp_of(self, canon: str) -> int:
         fp = _t(self.out.ops[canon]).fix_point
         assert fp is not None
@@ -670,6 +680,8 @@ class _FromVaiQ:
         if b is not None:
             conv_ins["bias"] = [b]
         fx = _FixParams(chain[1], self.where)
+        if plan is None:                  # the quantizer writes <name>_to4d before the layer's weights
+            self.move_before(x, min((w, b) if b is not None else (w,), key=list(self.out.ops).index))
         self.emit(op.name, "conv2d-fix", conv_ins, a, fx.tensor(self.names.claim_tensor(op.name), [1, 1, 1, N]))
         r = self.names.op(f"{op.name}_reshape")
         self.emit(r, "reshape-fix", {"input": [op.name]}, Attrs([("shape", self.shape(op))]),
@@ -958,9 +970,8 @@ class _Check:
         shape = list(t.shape)
         if op.type not in ("const", "const-fix") and any(int(d) < 1 for d in shape):
             raise self.err(op, f"shape {shape} is not static (every dimension must be >= 1)")
-        if op.type in ("data", "data-fix") or (op.type not in ("const", "const-fix") and len(shape) >= 3):
-            if shape and int(shape[0]) != 1:
-                raise self.err(op, f"batch {shape[0]} (shape {shape}); the compiler takes batch 1")
+        if op.type in ("data", "data-fix") and shape and int(shape[0]) != 1:     # every feature map follows
+            raise self.err(op, f"batch {shape[0]} (shape {shape}); the compiler takes batch 1")
         ins = [self.g.ops[p] for p in op.input_ops()]
         if op.type not in FIX_OPS:
             if t.is_fixed:
