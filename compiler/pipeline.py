@@ -417,13 +417,11 @@ def compile(graph: Graph, target: "Target | str", *, name: str | None = None, re
     """Compile a quantized XIR graph (the `*-fix` form `opendpu quantize` writes; with `recompile`, a compiled
     xmodel) for `target` (a Target, preset name, fingerprint or arch.json path) with vai_c's `options`."""
     t = target if isinstance(target, Target) else get_target(target)
-    if t.fingerprint is None:
-        raise CompileError(f"target {t.name or t.describe()} has no fingerprint: a compiled DPU subgraph must name "
-                           f"its target")
     opts = check_options(options)
     dumps = check_dump_after(dump_after)
     ctx = CompileContext(graph, t, opts, check_name(name or graph.name), recompile, log=log)
-    ctx.say(f"Compile mode: dpu; target {t.name} (fingerprint 0x{t.fingerprint:016X}); graph {graph.name!r} with "
+    fpr = f"fingerprint 0x{t.fingerprint:016X}" if t.fingerprint is not None else "no fingerprint"
+    ctx.say(f"Compile mode: dpu; target {t.name} ({fpr}); graph {graph.name!r} with "
             f"{len(graph.ops)} ops")
     out_dumps: dict[str, dict] = {}
     for p in PASSES:
