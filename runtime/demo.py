@@ -72,8 +72,9 @@ def main(argv=None) -> int:
           f"{st['clock_mhz']:g} MHz (timing parameters: docs/microarchitecture.md)\n")
     from opendpu.runtime.profile import profile_graph
     print(profile_graph(g, model=os.path.basename(path)).table().split("\n\nNotes:")[0])
-    ok_q = _quantize_demo()
-    return 0 if same == a.n and ok_q else 1
+    ok_q, res = _quantize_demo()
+    ok_c = _compile_demo(res)
+    return 0 if same == a.n and ok_q and ok_c else 1
 
 
 def _quantize_demo() -> bool:
@@ -94,7 +95,59 @@ def _quantize_demo() -> bool:
     acc = float(np.mean(pred == yte))
     print(f"held-out accuracy: float {ev['float_accuracy']:.4f}, INT8 xmodel on the ref runner {acc:.4f} "
           f"({len(xte)} images); fix points {sorted(set(res.qp.act_fp.values()))}")
-    return abs(acc - ev["float_accuracy"]) <= 0.01
+    return abs(acc - ev["float_accuracy"]) <= 0.01, res
+
+
+def _compile_demo(res) -> bool:
+    """Compile the quantized digits CNN with opendpu's compiler for B512 and B4096, run the compiled xmodel on
+    the cycle model (accuracy, bit-exact against the reference, cycles), and co-simulate one inference on the RTL."""
+    from opendpu.compiler.pipeline import compile as compile_graph
+    from opendpu.compiler.xir.graph import Graph
+    from opendpu.quant import zoo
+    from opendpu.runtime.runner import GraphRunner
+    _, _, xte, yte = zoo.digits_data()
+    q = Graph.deserialize(res.xmodel().serialize())
+    ref = GraphRunner(q, backend="ref")
+    ok = True
+    compiled = {}
+    for tname in ("DPUCZDX8G_ISA1_B512", "DPUCZDX8G_ISA1_B4096"):
+        cr = compile_graph(Graph.deserialize(q.serialize()), tname)
+        g = Graph.deserialize(cr.graph.serialize())
+        compiled[tname] = g
+        prog = next(iter(cr.programs.values()))
+        sim = GraphRunner(g, backend="sim")
+        out = sim.get_outputs()[0].name
+        correct = same = 0
+        n = len(xte)
+        for i in range(n):
+            xi = xte[i:i + 1].transpose(0, 2, 3, 1)
+            rs, rr = sim.run([xi]), ref.run([xi])
+            same += all(np.array_equal(rs.outputs[k], rr.outputs[k]) for k in rs.outputs)
+            correct += int(np.argmax(rs.outputs[out])) == int(yte[i])
+        st = next(r for r in sim.runners.values() if r.dpu is not None).stats
+        print(f"\ncompiled by opendpu for {tname}: {len(prog.instructions)} instructions, {len(prog.layers)} layers, "
+              f"{len(prog.registers.params.get(0, b''))} parameter bytes\n  on the cycle model: accuracy "
+              f"{correct / n:.4f} ({n} images), output == XIR reference on {same}/{n}, {st['cycles']} cycles = "
+              f"{st['latency_ms']:.3f} ms at {st['clock_mhz']:g} MHz")
+        ok &= same == n
+    ok &= _rtl_demo(compiled["DPUCZDX8G_ISA1_B512"], xte[:1].transpose(0, 2, 3, 1))
+    return ok
+
+
+def _rtl_demo(g, x) -> bool:
+    """One inference of the compiled program on the RTL (Verilator), compared cycle for cycle with the model."""
+    from opendpu.runtime.cosim import cosim_programs, subgraph_program
+    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from opendpu.runtime.runner import dpu_round_quantize
+    sg = dpu_subgraphs(g)[0]
+    d = DpuSubgraph(g, sg)
+    spec = d.inputs[0]
+    xq = dpu_round_quantize(x.reshape(spec.dims), spec.fix_point)
+    (rep,) = cosim_programs(d.target, [(sg.name, *subgraph_program(d, [xq]))])
+    match = not rep.mismatches and rep.model_cycles == rep.rtl_cycles
+    print(f"RTL (Verilator) on {d.target.name}: cycle model {rep.model_cycles} cycles, RTL {rep.rtl_cycles} cycles, "
+          f"{rep.ddr_bytes} DDR bytes compared: {'MATCH' if match else 'MISMATCH'}")
+    return match
 
 
 if __name__ == "__main__":
