@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from fractions import Fraction
 
 import numpy as np
@@ -32,9 +31,8 @@ from opendpu.runtime.cli import main as cli
 from opendpu.runtime.ops import register_op, unregister_op
 from opendpu.runtime.runner import GraphRunner
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.conftest import MODEL_NAMES, model_path  # noqa: E402
-from tests.test_quant import _model, calib, rich_model  # noqa: E402
+from conftest import MODEL_NAMES, model_path      # tests/ is on sys.path (pytest's rootdir-less test modules)
+from test_quant import _model, calib, rich_model
 
 
 # ---------------------------------------------------------------------------------------------------
