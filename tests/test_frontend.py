@@ -223,6 +223,27 @@ def test_quantize_cli_format_vai_q(tmp_path):
     assert sorted(os.listdir(tmp_path / "a")) == sorted(os.listdir(tmp_path / "b"))
     assert cli(["quantize", zoo.DIGITS_ONNX, "--calib", str(cp), "-o", str(tmp_path / "c"), "--format", "onnx"]) == 2
     assert not (tmp_path / "c").exists()
+    # both forms compile (vai_c_xir -x), to programs that compute the same on the instruction simulator
+    outs = []
+    for d in ("a", "b"):
+        assert cli(["compile", "-x", str(tmp_path / d / "digits_cnn_int.xmodel"), "--target", "DPUCZDX8G_ISA1_B4096",
+                    "-o", str(tmp_path / f"compiled_{d}"), "-n", "digits"]) == 0
+        r = GraphRunner(Graph.load(str(tmp_path / f"compiled_{d}" / "digits.xmodel")), "sim")
+        x = np.random.default_rng(7).integers(-128, 128, (4, 1, 8, 8, 1)).astype(np.int8)
+        outs.append([_outputs(r, r.run([xi])) for xi in x])
+    for oa, ob in zip(*outs):
+        assert oa.keys() == ob.keys() and all(np.array_equal(oa[k], ob[k]) for k in oa)
+
+
+def test_float_graph_through_the_cli(tmp_path, capsys):
+    g = _float_graph()
+    g.save(str(tmp_path / "float.xmodel"))
+    capsys.readouterr()
+    assert cli(["compile", "-x", str(tmp_path / "float.xmodel"), "--target", "DPUCZDX8G_ISA1_B4096", "-o",
+                str(tmp_path / "out"), "-n", "net"]) == 2
+    err = capsys.readouterr().err
+    assert "not quantized" in err and "opendpu quantize" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -522,15 +543,21 @@ def _tiny_vai_q():
     return b.g
 
 
-def test_float_graph_is_not_quantized(tmp_path):
+def _float_graph() -> Graph:
+    """The tiny vai_q graph with every quantization point (fix op) removed: a float graph."""
     g = _tiny_vai_q()
-    for n in [n for n, op in g.ops.items() if op.type == "fix"]:      # strip every quantization point
+    for n in [n for n, op in g.ops.items() if op.type == "fix"]:
         (src,) = g.ops[n].input_ops()
         for op in g.ops.values():
             for arg, ps in op.inputs.items():
                 op.inputs[arg] = [src if p == n else p for p in ps]
         del g.ops[n]
     g._consumers = None
+    return g
+
+
+def test_float_graph_is_not_quantized(tmp_path):
+    g = _float_graph()
     _raises(lambda: detect_form(g), "not quantized", "opendpu quantize", "'hand'", "data 'x'")
     path = str(tmp_path / "float.xmodel")
     g.save(path)
