@@ -111,3 +111,13 @@ def test_serialization_is_reproducible_across_processes():
         assert r.returncode == 0, r.stderr[-2000:]
         digests.add(r.stdout.strip())
     assert len(digests) == 1
+
+
+def test_toposort_counts_a_producer_used_twice_once():
+    """Add(x, x) lists its producer twice; that is one dependency, not a cycle."""
+    from opendpu.compiler.xir.graph import Graph, Tensor
+    g = Graph("twice")
+    g.add_op("x", "data-fix", {}, {"shape": [1, 2, 2, 1]}, Tensor("x", [1, 2, 2, 1]))
+    g.add_op("y", "eltwise-fix", {"input": ["x", "x"]}, {"type": "ADD"}, Tensor("y", [1, 2, 2, 1]))
+    g.add_op("z", "eltwise-fix", {"input": ["y"]}, {"type": "ADD"}, Tensor("z", [1, 2, 2, 1]))
+    assert g.toposort() == ["x", "y", "z"]

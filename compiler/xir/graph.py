@@ -477,7 +477,7 @@ class Graph:
         """Producers before consumers, ties in insertion order; a cycle raises XModelError."""
         sel = list(self.ops) if names is None else [n for n in self.ops if n in set(names)]
         selset = set(sel)
-        indeg = {n: sum(1 for p in self.ops[n].input_ops() if p in selset) for n in sel}
+        indeg = {n: len({p for p in self.ops[n].input_ops() if p in selset}) for n in sel}   # Add(x, x): one edge
         order = {n: i for i, n in enumerate(sel)}
         out = []
         heap = [(order[n], n) for n in sel if indeg[n] == 0]
