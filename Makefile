@@ -4,7 +4,7 @@ SHARED  ?= ../shared
 MODELS  := $(SHARED)/models
 export AMARANTH_USE_YOSYS ?= builtin
 
-.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant proto clean
+.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-compile proto clean
 
 all: test
 
@@ -47,6 +47,11 @@ bench: venv
 
 bench-quant: venv
 	$(PY) benchmarks/bench_quant.py --model resnet50 --images 100
+
+# Compiled zoo models: compile time, DPU cycles / latency / fps / MAC utilisation per preset, sim vs onnxruntime int8.
+bench-compile: venv
+	@mkdir -p build
+	$(PY) benchmarks/bench_compile.py --csv build/bench_compile.csv
 
 bench-rtl: venv iverilog
 	$(PY) benchmarks/bench_rtl.py --models $(MODELS) --flows
