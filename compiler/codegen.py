@@ -26,7 +26,7 @@ from opendpu.compiler.fixpoint import (FixPointError, LEAKY_ALPHA, avg_pool_fact
                                        slope_fits_alu)
 from opendpu.compiler.program import DdrImage, DpuProgram, Layer
 from opendpu.compiler.xir.dpu_abi import CONST, INTERFACE, WORKSPACE, Register, RegisterMap
-from opendpu.compiler.xir.graph import Graph, Op
+from opendpu.compiler.xir.graph import Graph, Op, Tensor
 from opendpu.isa.deps import TokenPlanner
 from opendpu.isa.errors import OpenDpuError
 from opendpu.isa.fields import FIELDS
@@ -215,12 +215,19 @@ class _Ctx:
         return off
 
 
+def _t(op: Op) -> Tensor:
+    """The output tensor of an op (every op of a quantized graph has one)."""
+    if op.output is None:
+        raise CodegenError(f"op {op.name!r} ({op.type}) has no output tensor")
+    return op.output
+
+
 def _int8(op: Op) -> np.ndarray:
     """The int8 data of a const-fix op."""
     data = op.get("data")
     if data is None:
         raise CodegenError(f"const op {op.name!r} has no data")
-    shape = [int(v) for v in op.get("shape", op.output.shape)]
+    shape = [int(v) for v in op.get("shape", _t(op).shape)]
     a = np.frombuffer(bytes(data), dtype=np.int8)
     if a.size != math.prod(shape):
         raise CodegenError(f"const op {op.name!r}: {a.size} bytes for shape {shape}")
@@ -228,7 +235,7 @@ def _int8(op: Op) -> np.ndarray:
 
 
 def _fp(op: Op) -> int:
-    fp = op.output.fix_point
+    fp = _t(op).fix_point
     if fp is None:
         raise CodegenError(f"op {op.name!r} ({op.type}): output tensor has no fix_point (not quantized)")
     return int(fp)
@@ -681,8 +688,8 @@ def _dense(reg: int, addr: int, dims, fp: int) -> FMap:
 def _dry_run(graph: Graph, op: Op, kind: str, t: Target) -> None:
     """Lower one op alone (dense images, no tokens): CodegenError if no tiling fits the target."""
     c = _new_ctx(t)
-    fm = {i: _dense(REG_IN, 0, graph.ops[i].output.shape, _fp(graph.ops[i])) for i in _data_inputs(op)}
-    _lower(c, graph, op, kind, fm, _dense(REG_OUT, 0, op.output.shape, _fp(op)))
+    fm = {i: _dense(REG_IN, 0, _t(graph.ops[i]).shape, _fp(graph.ops[i])) for i in _data_inputs(op)}
+    _lower(c, graph, op, kind, fm, _dense(REG_OUT, 0, _t(op).shape, _fp(op)))
 
 
 def _conv_act(op: Op, target: Target, fp_out: int, engine: str) -> int:
@@ -708,7 +715,7 @@ def _classify(graph: Graph, op: Op, t: Target) -> str:
         return "skip"
     if typ in ALIAS_TYPES:
         return "alias"
-    if op.output.fix_point is None:
+    if _t(op).fix_point is None:
         raise CodegenError(f"op {op.name!r} ({typ}) has no output fix point")
     if typ in ("conv2d-fix", "transposed-conv2d-fix"):
         if _pairs(op, "dilation", [1, 1]) != (1, 1):
@@ -723,7 +730,7 @@ def _classify(graph: Graph, op: Op, t: Target) -> str:
         if _pairs(op, "dilation", [1, 1]) != (1, 1):
             raise CodegenError(f"op {op.name!r}: dilated depthwise convolution is not implemented yet")
         w = _arg(graph, op, "weights")
-        if w is None or int(w.output.shape[0]) != 1:
+        if w is None or int(_t(w).shape[0]) != 1:
             raise CodegenError(f"op {op.name!r}: depthwise multiplier must be 1")
         _conv_act(op, t, _fp(op), "alu")
         return "dwconv"
@@ -750,9 +757,9 @@ def _classify(graph: Graph, op: Op, t: Target) -> str:
             return "prelu"
         if et not in ("ADD", "MUL"):
             raise CodegenError(f"op {op.name!r}: eltwise type {et}")
-        y = tuple(int(v) for v in op.output.shape)
+        y = tuple(int(v) for v in _t(op).shape)
         for i in ins:
-            s_ = tuple(int(v) for v in graph.ops[i].output.shape)
+            s_ = tuple(int(v) for v in _t(graph.ops[i]).shape)
             if s_ != y and not (len(s_) == len(y) == 4 and s_[3] == y[3] and s_[0] == 1
                                 and s_[1] in (1, y[1]) and s_[2] in (1, y[2])):
                 raise CodegenError(f"op {op.name!r}: eltwise broadcast {list(s_)} -> {list(y)} (only rows and "
@@ -776,7 +783,7 @@ def _classify(graph: Graph, op: Op, t: Target) -> str:
             raise CodegenError(f"op {op.name!r}: {e}") from None
         return "elew"
     if typ == "concat-fix":
-        dims = list(op.output.shape)
+        dims = list(_t(op).shape)
         ax = int(op.get("axis", -1))
         if ax < 0:
             ax += len(dims)
@@ -788,8 +795,8 @@ def _classify(graph: Graph, op: Op, t: Target) -> str:
                 raise CodegenError(f"op {op.name!r}: input fix point differs by {d}")
         return "concat"
     if typ == "upsample-fix":
-        x = graph.ops[_data_inputs(op)[0]].output.shape
-        y = op.output.shape
+        x = tuple(_t(graph.ops[_data_inputs(op)[0]]).shape)
+        y = tuple(_t(op).shape)
         if len(x) != 4 or y[1] % x[1] or y[2] % x[2]:
             raise CodegenError(f"op {op.name!r}: upsample {list(x)} -> {list(y)} is not an integer scale")
         if abs(_fp(op) - _fp(graph.ops[_data_inputs(op)[0]])) > 15:
@@ -843,7 +850,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
     c.ws_alloc = lambda nbytes: alloc(REG_WORKSPACE, nbytes)
     for i in inputs:
         o = graph.ops[i]
-        dims = tuple(int(v) for v in o.output.shape)
+        dims = tuple(int(v) for v in _t(o).shape)
         fm[i] = dense(REG_IN, alloc(REG_IN, math.prod(dims)), dims, _fp(o))
     out_set = set(outputs)
     # aliases (reshape) share their input's image when the input is dense and not an interface tensor
@@ -867,7 +874,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
                   and all(kinds.get(cn) != "alias" for cn in graph.consumers(i)))
             if ok:
                 member_of[i] = (n, c0)
-            c0 += hwc(io.output.shape)[axis]
+            c0 += hwc(_t(io).shape)[axis]
 
     internal: list[DdrImage] = []
 
@@ -876,7 +883,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
         if n in fm:
             return fm[n]
         o = graph.ops[n]
-        dims = tuple(int(v) for v in o.output.shape)
+        dims = tuple(int(v) for v in _t(o).shape)
         if n in member_of:
             cat, c0 = member_of[n]
             f = _member_view(place(cat), _concat_axis(graph.ops[cat]), c0, dims, _fp(o))
@@ -891,11 +898,11 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
     for n in outputs:
         place(n)
     for n in reversed(compute):
-        src = alias_of.get(n)
-        if src is None or src not in ops or src in out_set or src in member_of or src in fm:
+        a_src = alias_of.get(n)
+        if a_src is None or a_src not in ops or a_src in out_set or a_src in member_of or a_src in fm:
             continue
         f = place(n)
-        fm[src] = dense(f.reg, f.addr, graph.ops[src].output.shape, _fp(graph.ops[src]))
+        fm[a_src] = dense(f.reg, f.addr, _t(graph.ops[a_src]).shape, _fp(graph.ops[a_src]))
     layers: list[Layer] = []
     for n in compute:
         op = graph.ops[n]
@@ -905,9 +912,9 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
         lops = [n] + [i for i in op.input_ops() if i in ops and graph.ops[i].type in SKIP_TYPES]
         out = place(n)
         if k == "alias":
-            src = fm[_data_inputs(op)[0]]
-            if src.reg != out.reg or src.addr != out.addr:
-                _copy(c, n, dense(src.reg, src.addr, op.output.shape, src.fp) if src.dense else src, [out])
+            sf = fm[_data_inputs(op)[0]]
+            if sf.reg != out.reg or sf.addr != out.addr:
+                _copy(c, n, dense(sf.reg, sf.addr, _t(op).shape, sf.fp) if sf.dense else sf, [out])
         else:
             _lower(c, graph, op, k, fm, out)
         if len(c.s.ins) > first or k != "alias" or layers == []:
@@ -915,7 +922,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
         else:
             layers[-1].ops.extend(lops)
         if out.reg == REG_WORKSPACE and n not in member_of:
-            internal.append(_image(n, out, op.output.shape))
+            internal.append(_image(n, out, _t(op).shape))
     if not c.s.ins:
         raise CodegenError(f"subgraph {name!r}: nothing to execute (only aliases)")
     # END
@@ -930,8 +937,8 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
         regs.append(Register(REG_IN, INTERFACE, sizes[REG_IN]))
     regs.append(Register(REG_OUT, INTERFACE, sizes[REG_OUT]))
     prog = DpuProgram(name, t, instrs, c.s.layer_of, layers, RegisterMap.of(regs),
-                      [_image(i, fm[i], graph.ops[i].output.shape) for i in inputs],
-                      [_image(o, fm[o], graph.ops[o].output.shape) for o in outputs], internal, c.workload,
+                      [_image(i, fm[i], _t(graph.ops[i]).shape) for i in inputs],
+                      [_image(o, fm[o], _t(graph.ops[o]).shape) for o in outputs], internal, c.workload,
                       {"instructions": len(instrs), "const_bytes": len(c.blob),
                        "workspace_bytes": sizes[REG_WORKSPACE]})
     if log:
@@ -942,7 +949,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
 
 def _concat_axis(op: Op) -> int:
     """Concat axis as an index into (H, W, C) of the batch-1 image."""
-    rank = len(op.output.shape)
+    rank = len(_t(op).shape)
     ax = int(op.get("axis", -1))
     if ax < 0:
         ax += rank
@@ -1080,7 +1087,7 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
         c0 = 0
         axis = _concat_axis(op)
         for i, f in zip(_data_inputs(op), ins):
-            dst = _member_view(out, axis, c0, graph.ops[i].output.shape, out.fp)
+            dst = _member_view(out, axis, c0, _t(graph.ops[i]).shape, out.fp)
             c0 += (f.h, f.w, f.c)[axis]
             if f.reg == dst.reg and f.addr == dst.addr and f.pix == dst.pix and f.row == dst.row:
                 continue                      # written in place by its producer

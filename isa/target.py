@@ -381,8 +381,9 @@ class Target:
                 pass
         m = _PARAM_NAME.fullmatch(n.upper())
         if m:                     # a parametric configuration by its parameters (Target.describe form)
-            pp, cp, alu_pp, depth = (int(v) if v else None for v in m.groups())
-            return cls.parametric(pp, cp, alu_pp, bank_depth=depth or 2048)
+            a, d = m.group(3), m.group(4)
+            return cls.parametric(int(m.group(1)), int(m.group(2)), int(a) if a else None,
+                                  bank_depth=int(d) if d else 2048)
         raise TargetError(f"unknown target {name!r}; presets: {', '.join(PRESET_FINGERPRINTS)}, or a parametric "
                           f"configuration PP<n>_CP<n>[_ALUPP<n>][_D<depth>] (e.g. PP2_CP4_ALUPP1_D512)")
 
