@@ -4,7 +4,7 @@ SHARED  ?= ../shared
 MODELS  := $(SHARED)/models
 export AMARANTH_USE_YOSYS ?= builtin
 
-.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-compile proto clean
+.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-compile bench-recompile proto clean
 
 all: test
 
@@ -52,6 +52,10 @@ bench-quant: venv
 bench-compile: venv
 	@mkdir -p build
 	$(PY) benchmarks/bench_compile.py --csv build/bench_compile.csv
+
+# the shared AMD models recompiled by opendpu beside AMD's programs; YOLOX-nano on every preset
+bench-recompile: venv
+	$(PY) benchmarks/bench_recompile.py --models $(MODELS) --retarget
 
 bench-rtl: venv iverilog
 	$(PY) benchmarks/bench_rtl.py --models $(MODELS) --flows
