@@ -1130,21 +1130,53 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
     raise CodegenError(f"op {op.name!r}: no lowering for kind {kind}")
 
 
+def _save_span(x: Instruction) -> tuple[int, int, int]:
+    f = x.fields
+    return f["reg_id"], f["ddr_addr"], f["ddr_addr"] + (f["length"] - 1) * f["jump_write"] + f["channel"]
+
+
+def _pairable(a: Instruction, b: Instruction) -> bool:
+    """Two adjacent SAVEs may go out as a pair on the two AXI ports (spec §5.2): different banks and disjoint
+    DDR byte spans (interleaved strided writes are not paired)."""
+    if a.op != "SAVE" or b.op != "SAVE" or a.fields["bank_id"] == b.fields["bank_id"]:
+        return False
+    ra, a0, a1 = _save_span(a)
+    rb, b0, b1 = _save_span(b)
+    return ra != rb or a1 <= b0 or b1 <= a0
+
+
 def _tokens(t: Target, ins: list[Instruction], reg_sizes: dict[int, int]) -> list[Instruction]:
-    """Place dpdon/dpdby from the footprints (isa.deps.TokenPlanner); the last SAVE waits for all work."""
+    """Place dpdon/dpdby from the footprints (isa.deps.TokenPlanner); the last SAVE waits for all work. Adjacent
+    SAVEs of different banks go out as pairs (hp_id 0 waits for both, hp_id 1 signals for both), except the last
+    SAVE, which must carry the final waits itself."""
     planner = TokenPlanner(t, line_chunk=8, ddr_chunk=64)
     state = InitState()
     last_save = max(i for i, x in enumerate(ins) if x.op == "SAVE")
-    for i, x in enumerate(ins):
+    out = list(ins)
+    i = 0
+    while i < len(ins):
+        x = ins[i]
         if x.op == "END":
             planner.add("END", wait=False)
+            i += 1
             continue
         fp = footprint_of(x.op, x.fields, state, t, reg_sizes)
         state.update(x.op, x.fields)
+        if i + 1 < last_save and _pairable(x, ins[i + 1]):
+            y = ins[i + 1]
+            fp2 = footprint_of(y.op, y.fields, state, t, reg_sizes)
+            (r1, w1), (r2, w2) = planner.keys(fp), planner.keys(fp2)
+            planner.add("SAVE", keys=(r1 | r2, w1 | w2), pair=0)
+            planner.add("SAVE", keys=(r2, w2), pair=1)
+            out[i] = replace(x, fields=dict(x.fields, hp_id=0))
+            out[i + 1] = replace(y, fields=dict(y.fields, hp_id=1))
+            i += 2
+            continue
         planner.add(x.op, fp)
         if i == last_save:
             planner.order_after_all(i)
-    return [replace(x, dpdon=planner.dpdon[i], dpdby=planner.dpdby[i]) for i, x in enumerate(ins)]
+        i += 1
+    return [replace(x, dpdon=planner.dpdon[k], dpdby=planner.dpdby[k]) for k, x in enumerate(out)]
 
 
 __all__ = ["CodegenError", "DdrImage", "FMap", "generate", "unsupported"]
