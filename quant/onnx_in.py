@@ -147,7 +147,7 @@ def _static_input_shapes(m, source: str, input_shape=None) -> list[tuple[str, li
                 dims.append(int(input_shape[i]))
             else:
                 raise QuantError(f"{source}: input {vi.name!r} dimension {i} is dynamic ({d.dim_param!r}); "
-                                 f"give input_shape")
+                                 f"give input_shape (opendpu quantize / inspect / build: --input-shape N,C,H,W)")
         if dims and dims[0] != 1:
             dims[0] = 1
         out.append((vi.name, dims))

@@ -37,6 +37,24 @@ def int_range(lo: int | None = None, hi: int | None = None):
     return conv
 
 
+MAX_SHAPE_DIM = 1 << 16      # an input dimension beyond this is a typo, not a DPU input
+
+
+def shape_arg(s: str) -> list[int]:
+    """An argparse type: an NCHW shape like 1,3,224,224 (positive integers; the batch is run as 1)."""
+    parts = [p.strip() for p in s.replace("x", ",").split(",")]
+    try:
+        dims = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a shape like 1,3,224,224") from None
+    if not 1 <= len(dims) <= 8 or any(not 1 <= d <= MAX_SHAPE_DIM for d in dims):
+        raise argparse.ArgumentTypeError(f"{s!r}: give 1..8 dimensions, each in 1..{MAX_SHAPE_DIM}")
+    return dims
+
+
+shape_arg.__name__ = "shape"
+
+
 def float_range(lo: float, hi: float, lo_open: bool = True):
     """An argparse type: a finite float in (lo, hi] (or [lo, hi] when not lo_open)."""
     def conv(s: str) -> float:

@@ -1,0 +1,80 @@
+"""--input-shape (issue 14, first point): a model whose input has dynamic H and W quantizes, inspects and builds
+with the shape given on the command line or taken from the calibration data, and gives the same quantized model as
+the static original; a dynamic model without a shape is a one-line error naming the option."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+
+from opendpu.compiler.xir.graph import Graph
+from opendpu.quant import zoo
+from opendpu.runtime.cli import main as cli
+from opendpu.runtime.runner import GraphRunner
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dyn")
+    m = onnx.load(zoo.DIGITS_ONNX)
+    dims = m.graph.input[0].type.tensor_type.shape.dim
+    for k, p in ((2, "H"), (3, "W")):
+        dims[k].ClearField("dim_value")
+        dims[k].dim_param = p
+    onnx.save(m, str(d / "dyn.onnx"))
+    x = zoo.digits_data()[0][:32]
+    np.save(str(d / "calib.npy"), x)
+    return d
+
+
+def _outputs(path, x):
+    g = Graph.load(path)
+    gr = GraphRunner(g, backend="ref")
+    return [np.concatenate([v for v in gr.run([x[i:i + 1].transpose(0, 2, 3, 1)]).outputs.values()])
+            for i in range(len(x))]
+
+
+def test_dynamic_model_quantizes_like_the_static_one(files, capsys):
+    d = files
+    assert cli(["quantize", str(d / "dyn.onnx"), "--calib", str(d / "calib.npy"), "-o", str(d / "q1"),
+                "--input-shape", "1,1,8,8"]) == 0
+    assert cli(["quantize", str(d / "dyn.onnx"), "--calib", str(d / "calib.npy"), "-o", str(d / "q2")]) == 0
+    assert cli(["quantize", zoo.DIGITS_ONNX, "--calib", str(d / "calib.npy"), "-o", str(d / "q0")]) == 0
+    x = zoo.digits_data()[2][:16]
+    ref = _outputs(str(d / "q0" / "digits_cnn_int.xmodel"), x)
+    for q in ("q1", "q2"):
+        got = _outputs(str(d / q / "dyn_int.xmodel"), x)
+        assert len(got) == len(ref) and all(np.array_equal(a, b) for a, b in zip(got, ref))
+
+
+def test_inspect_and_build_take_the_shape(files, capsys):
+    d = files
+    assert cli(["inspect", str(d / "dyn.onnx"), "--target", "B512", "--input-shape", "1,1,8,8",
+                "-o", str(d / "i")]) == 0
+    assert cli(["build", str(d / "dyn.onnx"), "--calib", str(d / "calib.npy"), "--target", "B512",
+                "--input-shape", "1,1,8,8", "-o", str(d / "b")]) == 0
+    assert os.path.isfile(d / "b" / "compiled" / "dyn.xmodel")
+    assert "0 mismatching" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["inspect", "{m}", "--target", "B512", "-o", "{o}"], "dynamic ('H'); give input_shape"),
+    (["quantize", "{m}", "--calib", "{c}", "-o", "{o}", "--input-shape", "1,1,9,8"], "does not match the model input"),
+    (["quantize", "{m}", "--calib", "{c}", "-o", "{o}", "--input-shape", "1,x"], "is not a shape like"),
+    (["quantize", "{m}", "--calib", "{c}", "-o", "{o}", "--input-shape", "1,0,8,8"], "each in 1.."),
+])
+def test_bad_shapes_are_one_line_errors(files, capsys, args, msg):
+    d = files
+    out = str(d / "never")
+    argv = [a.format(m=str(d / "dyn.onnx"), c=str(d / "calib.npy"), o=out) for a in args]
+    try:
+        rc = cli(argv)
+    except SystemExit as e:          # argparse usage errors
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert msg in err[-1] and "Traceback" not in "\n".join(err)
+    assert not os.path.exists(out)
+
