@@ -75,8 +75,8 @@ class FMap:
 def hwc(dims) -> tuple[int, int, int]:
     """(H, W, C) of a batch-1 tensor of 1..4 dims (NHWC; lower ranks are rows of channels)."""
     d = [int(v) for v in dims]
-    if not d or d[0] != 1:
-        raise CodegenError(f"tensor dims {d}: batch must be 1")
+    if not d or len(d) > 4 or (len(d) >= 2 and d[0] != 1):
+        raise CodegenError(f"tensor dims {d}: batch must be 1 (1..4 dimensions)")
     if len(d) == 4:
         return d[1], d[2], d[3]
     if len(d) == 3:
@@ -387,6 +387,36 @@ def _clip_addr(f: dict[str, int], limit: int) -> dict[str, int]:
     return f
 
 
+def _strip(c: _Ctx, name: str, inp: FMap, tile: Tile, sh: int, cg: int, lpp: int) -> tuple[InBuf, OutBuf]:
+    """Allocate a strip's input buffer (VB0) and output buffer (VB1, `lpp` lines per pixel) in the rings and LOAD
+    the strip's input rows."""
+    t = c.target
+    E, lines = _in_lines(t, tile, sh, cg)
+    ib = InBuf(t.img_base(0), c.img[0].alloc(lines, f"layer {name!r} input"), E, cg, sh, lines)
+    Eo = tile.cols * lpp
+    ob = OutBuf(t.img_base(1), c.img[1].alloc(_ceil(tile.rows, t.pp) * Eo, f"layer {name!r} output"), Eo, lpp)
+    _load_rows(c, inp, tile, ib)
+    return ib, ob
+
+
+def _channel_chunk(c: _Ctx, name: str, win: Window, cg_all: int, n_in: int, vb_max: int,
+                   weight_lines_per_cg: int = 0) -> int:
+    """Channel groups per chunk for an ALU / ELEW layer: all of them (at most 256, the channel_group field) if a
+    row fits, else halved until one does (and the per-chunk weights fit the DWCONVW bank)."""
+    chunk = min(cg_all, 256)
+    while True:
+        try:
+            if weight_lines_per_cg * chunk > c.depth:
+                raise CodegenError(f"layer {name!r}: {weight_lines_per_cg} kernel positions x {chunk} channel groups "
+                                   f"of weights exceed the DWCONVW bank ({c.depth} lines)")
+            _plan_tiles(c, name, win, chunk, n_in, chunk, vb_max, 8192, 2048)
+            return chunk
+        except CodegenError:
+            if chunk == 1:
+                raise
+            chunk = _ceil(chunk, 2)
+
+
 # ---- CONV layers -----------------------------------------------------------------------------------------------
 
 @dataclass
@@ -443,12 +473,8 @@ def _conv(c: _Ctx, job: ConvJob) -> None:
         rows, cols, vb = _plan_tiles(c, job.name, win, cg, 1, nsg, vb_max, 1024, 1024)
         state: dict[str, int] = {}
         for tile in _tiles(win, rows, cols):
-            E, lines = _in_lines(t, tile, win.sh, cg)
-            ib = InBuf(t.img_base(0), c.img[0].alloc(lines, f"layer {job.name!r} input"), E, cg, win.sh, lines)
-            Eo = tile.cols * nsg
-            ob = OutBuf(t.img_base(1), c.img[1].alloc(_ceil(tile.rows, t.pp) * Eo, f"layer {job.name!r} output"),
-                        Eo, nsg)
-            _load_rows(c, job.inp, tile, ib)
+            ib, ob = _strip(c, job.name, job.inp, tile, win.sh, cg, nsg)
+            E, Eo = ib.E, ob.E
             for j0 in range(0, tile.rows, vb):
                 vpp = min(vb, tile.rows - j0)
                 init = dict(jump_read=cg, shift_cut=job.shift_cut, act_type=job.act,
@@ -493,19 +519,8 @@ def _alu(c: _Ctx, job: AluJob) -> None:
     cg_all = _ceil(ch, t.cp)
     win = job.win
     vb_max = _block_rows(t, win, t.alu_pp)
-    kpos = 1 if job.weights is None else job.weights.reshape(-1, ch).shape[0]
-    chunk = min(cg_all, 256)                        # ALUINIT channel_group
-    while True:
-        try:
-            if kpos * chunk > c.depth:
-                raise CodegenError(f"layer {job.name!r}: {kpos} kernel positions x {chunk} channel groups of "
-                                   f"weights exceed the DWCONVW bank ({c.depth} lines)")
-            _plan_tiles(c, job.name, win, chunk, 1, chunk, vb_max, 8192, 2048)
-            break
-        except CodegenError:
-            if chunk == 1:
-                raise
-            chunk = _ceil(chunk, 2)
+    kpos = 0 if job.weights is None else job.weights.reshape(-1, ch).shape[0]
+    chunk = _channel_chunk(c, job.name, win, cg_all, 1, vb_max, kpos)
     for g0 in range(0, cg_all, chunk):
         c0, c1 = g0 * t.cp, min(ch, (g0 + chunk) * t.cp)
         sub = replace(job, inp=replace(job.inp, addr=job.inp.addr + c0, c=c1 - c0),
@@ -536,12 +551,8 @@ def _alu_chunk(c: _Ctx, job: AluJob, vb_max: int) -> None:
     rows, cols, vb = _plan_tiles(c, job.name, win, cg, 1, cg, vb_max, 8192, 2048)
     state: dict[str, int] = {}
     for tile in _tiles(win, rows, cols):
-        E, lines = _in_lines(t, tile, win.sh, cg)
-        ib = InBuf(t.img_base(0), c.img[0].alloc(lines, f"layer {job.name!r} input"), E, cg, win.sh, lines)
-        Eo = tile.cols * cg
-        ob = OutBuf(t.img_base(1), c.img[1].alloc(_ceil(tile.rows, t.pp) * Eo, f"layer {job.name!r} output"),
-                    Eo, cg)
-        _load_rows(c, job.inp, tile, ib)
+        ib, ob = _strip(c, job.name, job.inp, tile, win.sh, cg, cg)
+        E, Eo = ib.E, ob.E
         init = dict(kernel_w=win.kw, kernel_h=win.kh, exec_mode=job.mode, stride_offset_out=0, stride_offset_in=0,
                     stride_w=win.sw, stride_h=win.sh, length=tile.cols, channel_offset=cg * t.cp - ch,
                     channel_group=cg, stride_out=1, jump_read_endl=E, jump_read=cg, jump_write_endl=Eo,
@@ -578,15 +589,7 @@ def _elew(c: _Ctx, job: ElewJob) -> None:
     ch = job.out.c
     cg_all = _ceil(ch, t.cp)
     win = Window(1, 1, 1, 1, 0, 0, job.out.h, job.out.w)
-    chunk = min(cg_all, 256)
-    while True:
-        try:
-            _plan_tiles(c, job.name, win, chunk, len(job.inps), chunk, _block_rows(t, win, t.alu_pp), 8192, 2048)
-            break
-        except CodegenError:
-            if chunk == 1:
-                raise
-            chunk = _ceil(chunk, 2)
+    chunk = _channel_chunk(c, job.name, win, cg_all, len(job.inps), _block_rows(t, win, t.alu_pp))
     for g0 in range(0, cg_all, chunk):
         c0, c1 = g0 * t.cp, min(ch, (g0 + chunk) * t.cp)
         _elew_chunk(c, replace(job, inps=[replace(f, addr=f.addr + c0, c=c1 - c0) for f in job.inps],

@@ -165,5 +165,6 @@ def test_ring_allocator_never_straddles_the_end():
 def test_hwc_shapes():
     assert codegen.hwc([1, 5, 6, 7]) == (5, 6, 7)
     assert codegen.hwc([1, 10]) == (1, 1, 10)
+    assert codegen.hwc([10]) == (1, 1, 10)
     with pytest.raises(codegen.CodegenError, match="batch must be 1"):
         codegen.hwc([2, 4, 4, 3])
