@@ -671,7 +671,7 @@ def unsupported(graph: Graph, op_name: str, target: Target) -> str | None:
     op = graph.ops[op_name]
     try:
         kind = _classify(graph, op, target)
-        if kind not in ("skip", "alias"):
+        if kind not in ("skip", "alias", "view"):
             _dry_run(graph, op, kind, target)
     except (CodegenError, FixPointError) as e:
         return str(e)
@@ -812,7 +812,39 @@ def _classify(graph: Graph, op: Op, t: Target) -> str:
         except FixPointError as e:
             raise CodegenError(f"op {op.name!r}: {e}") from None
         return "hsigmoid"
+    if typ == "strided_slice-fix":
+        _slice_box(graph, op)
+        return "view"
     raise CodegenError(f"op {op.name!r}: {typ} is not compiled for the DPU")
+
+
+def _slice_box(graph: Graph, op: Op) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    """((y0, x0, c0), (stride_h, stride_w)) of a strided_slice-fix realised as a view of its input's image
+    (LOAD addressing: offset, pixel and row strides); CodegenError for slices a view cannot express."""
+    x = [int(v) for v in _t(graph.ops[_data_inputs(op)[0]]).shape]
+    y = [int(v) for v in _t(op).shape]
+    begin = [int(v) for v in op.get("begin", [])]
+    strides = [int(v) for v in op.get("strides", [1] * len(begin))]
+    if len(x) != 4 or len(begin) != 4 or len(strides) != 4:
+        raise CodegenError(f"op {op.name!r}: strided_slice of a {len(x)}-D tensor with {len(begin)} bounds "
+                           f"(a view needs 4-D NHWC begin/end/strides)")
+    if x[0] != 1 or begin[0] != 0 or strides[0] != 1 or strides[3] != 1 or min(strides) < 1:
+        raise CodegenError(f"op {op.name!r}: strided_slice begin {begin} strides {strides}: the batch must stay "
+                           f"whole and the channel stride be 1")
+    b = [min(max(v if v >= 0 else v + d, 0), d) for v, d in zip(begin, x)]
+    for ax in (1, 2, 3):
+        if b[ax] + (y[ax] - 1) * strides[ax] >= x[ax]:
+            raise CodegenError(f"op {op.name!r}: strided_slice {begin}/{strides} of {x} cannot give {y}")
+    if _fp(op) != _fp(graph.ops[_data_inputs(op)[0]]):
+        raise CodegenError(f"op {op.name!r}: strided_slice changes the fix point (a view cannot rescale)")
+    return (b[1], b[2], b[3]), (strides[1], strides[2])
+
+
+def _slice_view(graph: Graph, op: Op, src: FMap) -> FMap:
+    """The image of a strided_slice-fix: a window of its input's image (no instructions)."""
+    (y0, x0, c0), (sh, sw) = _slice_box(graph, op)
+    h, w, ch = hwc(_t(op).shape)
+    return FMap(src.reg, src.at(y0, x0, c0), h, w, ch, src.pix * sw, src.row * sh, src.fp)
 
 
 @dataclass
@@ -913,18 +945,27 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
         c.s.layer = len(layers)
         first = len(c.s.ins)
         lops = [n] + [i for i in op.input_ops() if i in ops and graph.ops[i].type in SKIP_TYPES]
+        view_only = False
+        if k == "view":         # a window of its input's image; copied only where a dense image is needed
+            v = _slice_view(graph, op, fm[_data_inputs(op)[0]])
+            if n in fm:
+                _copy(c, n, v, [fm[n]])
+            else:
+                fm[n], view_only = v, True
         out = place(n)
-        if k == "alias":
+        if k == "view":
+            pass
+        elif k == "alias":
             sf = fm[_data_inputs(op)[0]]
             if sf.reg != out.reg or sf.addr != out.addr:
                 _copy(c, n, dense(sf.reg, sf.addr, _t(op).shape, sf.fp) if sf.dense else sf, [out])
         else:
             _lower(c, graph, op, k, fm, out)
-        if len(c.s.ins) > first or k != "alias" or layers == []:
+        if len(c.s.ins) > first or k not in ("alias", "view") or layers == []:
             layers.append(Layer(n, lops, first, len(c.s.ins) - first))
         else:
             layers[-1].ops.extend(lops)
-        if out.reg == REG_WORKSPACE and n not in member_of:
+        if out.reg == REG_WORKSPACE and n not in member_of and not view_only:
             internal.append(_image(n, out, _t(op).shape))
     if not c.s.ins:
         raise CodegenError(f"subgraph {name!r}: nothing to execute (only aliases)")

@@ -62,7 +62,7 @@ FLOAT = DATA_TYPE_CODES["FLOAT"]
 CONV_FIX = ("conv2d-fix", "depthwise-conv2d-fix", "transposed-conv2d-fix")
 # the quantized ops of the canonical form (their outputs are int8 fixed-point tensors)
 FIX_OPS = frozenset({"data-fix", "const-fix", *CONV_FIX, "pool-fix", "eltwise-fix", "concat-fix", "upsample-fix",
-                     "hard-sigmoid-fix", "reshape-fix", "float2fix"})
+                     "hard-sigmoid-fix", "reshape-fix", "strided_slice-fix", "float2fix"})
 NONLINEARS = ("NONE", "RELU", "RELU6", "LEAKYRELU", "PRELU")        # what the golden and the DPU know
 ELTWISE_TYPES = ("ADD", "MUL", "LEAKY-RELU", "PRELU")
 HSIGMOID_OUT_FP = 7          # hard-sigmoid output in [0, 1]: fix point 7, as the quantizer (quant.quantize)
@@ -1095,6 +1095,20 @@ class _Check:
         if a != b:
             raise self.err(op, f"reshapes {list(_t(xs[0]).shape)} ({a} values) to {list(_t(op).shape)} "
                                f"({b} values)")
+
+    def k_strided_slice_fix(self, op: Op, ins: list[Op]) -> None:
+        (x,) = self.producers(op, "input", 1, 1)
+        self.fixed_input(op, x)
+        xs, ys = [int(v) for v in _t(x).shape], [int(v) for v in _t(op).shape]
+        begin = [int(v) for v in op.attrs.get("begin", [])]
+        end = [int(v) for v in op.attrs.get("end", [])]
+        strides = [int(v) for v in op.attrs.get("strides", [1] * len(begin))]
+        if not (len(begin) == len(end) == len(strides) <= len(xs)) or len(ys) != len(xs):
+            raise self.err(op, f"begin {begin}, end {end}, strides {strides} do not fit a {len(xs)}-D input")
+        got = [len(range(*slice(b, e, s).indices(d))) if s else -1 for b, e, s, d in zip(begin, end, strides, xs)]
+        if got + xs[len(got):] != ys:
+            raise self.err(op, f"slicing {xs} by begin {begin}, end {end}, strides {strides} gives {got}, "
+                               f"not the output shape {ys}")
 
     def k_float2fix(self, op: Op, ins: list[Op]) -> None:
         if len(ins) != 1 or _t(ins[0]).is_fixed:

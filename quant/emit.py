@@ -15,6 +15,13 @@ TIE_BITS = 16                  # QDQ tie-break offset 2^-(fp+16): 1/65536 LSB, o
 OPSET = 17
 
 
+def opset_of(prep: Prepared) -> tuple[int, int]:
+    """(opset, IR version) of the emitted ONNX views: 17, or the source model's when newer (its generic CPU
+    ops are its own nodes)."""
+    op = max(OPSET, int(getattr(prep, "opset", OPSET)))
+    return op, (8 if op <= 18 else 9 if op <= 20 else 10)
+
+
 @dataclass
 class QParams:
     """Fix points and integer constants of a quantized graph (ONNX layouts)."""
@@ -127,6 +134,24 @@ class _Emitter:
             return self.node("LeakyRelu", [t], out, alpha=float(n.attrs.get("alpha") or LEAKY_ALPHA))
         raise ValueError(f"op {n.name}: unknown activation {n.act}")
 
+    def generic(self, n: QNode, ins: list[str], raw: str) -> str:
+        """An ONNX node kept as it is (a generic CPU op); with a batch dimension, a Reshape's target gets -1
+        for the batch."""
+        a = n.attrs
+        args = []
+        for k, (what, v) in enumerate(a["in_spec"]):
+            if what == "none":
+                args.append("")
+            elif what == "fm":
+                args.append(ins[n.inputs.index(v)])
+            else:
+                if a["op_type"] == "Reshape" and k == 1 and self.batch != 1 and n.shape and n.shape[0] == 1:
+                    v = np.array([-1] + list(n.shape[1:]), np.int64)
+                args.append(self.const(v, f"{n.name}.c{k}"))
+        outs = [raw if j == int(a["out_index"]) else self.uid(f"{n.name}_y{j}") for j in range(int(a["n_outputs"]))]
+        self.nodes.append(self.h.make_node(a["op_type"], args, outs, name=self.uid(n.name), **a.get("onnx_attrs", {})))
+        return raw
+
     def emit_node(self, n: QNode, ins: list[str]) -> str:
         raw = n.name if (self.mode == "float" or n.name not in self.qp.act_fp or not n.quantized) else n.name + "__raw"
         k = n.kind
@@ -194,6 +219,13 @@ class _Emitter:
                 shp[0] = -1
             return self.node("Reshape", [ins[0], self.const(np.array(shp, np.int64), n.name + ".shape")], raw,
                              name=n.name)
+        if k == "slice":
+            a = n.attrs
+            i64 = [self.const(np.array(v[1:], np.int64), f"{n.name}.{w}") for v, w in
+                   ((a["begin"], "starts"), (a["end"], "ends"), ([0, 1, 2, 3], "axes"), (a["strides"], "steps"))]
+            return self.node("Slice", [ins[0]] + i64, raw, name=n.name)
+        if k == "float" and n.attrs.get("generic"):
+            return self.generic(n, ins, raw)
         if k == "float":
             return self.node(n.attrs["op_type"], ins, raw, name=n.name, **n.attrs.get("onnx_attrs", {}))
         raise ValueError(f"op {n.name}: cannot emit kind {k}")
@@ -245,8 +277,9 @@ class _Emitter:
                     outs.append(vi(t, n.name))
                     seen.add(t)
         g = h.make_graph(self.nodes, prep.name, inputs, outs, self.inits)
-        m = h.make_model(g, opset_imports=[h.make_opsetid("", OPSET)], producer_name="opendpu.quant")
-        m.ir_version = 8
+        opset, ir = opset_of(prep)
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)], producer_name="opendpu.quant")
+        m.ir_version = ir
         return m
 
 

@@ -11,8 +11,13 @@ from opendpu.quant.xir_out import NHWC_AXIS, act_attrs, geom_attrs, nhwc, xir_we
 
 _XIR_TYPE = {"input": "data", "conv": "conv2d", "dwconv": "depthwise-conv2d", "tconv": "transposed-conv2d",
              "pool": "pool", "eltwise": "eltwise", "concat": "concat", "upsample": "upsample",
-             "hsigmoid": "hard-sigmoid", "reshape": "reshape"}
+             "hsigmoid": "hard-sigmoid", "reshape": "reshape", "slice": "strided_slice"}
 _ACT_TYPE = {"RELU": "relu", "RELU6": "relu6", "LEAKYRELU": "leaky-relu", "NONE": "identity"}
+
+
+def _float_type(n) -> str:
+    """The XIR type of a float (CPU) op: its own, or `onnx-op` for an ONNX node kept as it is."""
+    return n.attrs.get("xir_type") or "onnx-op"
 
 
 def op_descs(prep: Prepared) -> list:
@@ -40,13 +45,16 @@ def op_descs(prep: Prepared) -> list:
             attrs["nonlinear"] = n.act
         if n.kind == "concat":
             attrs["axis"] = NHWC_AXIS[a["axis"]] if len(n.shape) == 4 else a["axis"]
+        if n.kind == "slice":
+            for k in ("begin", "end", "strides"):
+                attrs[k] = nhwc(a[k])
         if n.kind == "upsample":
             attrs["mode"] = "NEAREST"
             sh, sw = a["scales"]
             attrs["scale"] = [sw, sh]
         if n.kind == "act" and n.act == "LEAKYRELU":
             attrs["alpha"] = float(a.get("alpha") or LEAKY_ALPHA)
-        typ = _ACT_TYPE[n.act] if n.kind == "act" else (a["xir_type"] if n.kind == "float" else _XIR_TYPE[n.kind])
+        typ = _ACT_TYPE[n.act] if n.kind == "act" else (_float_type(n) if n.kind == "float" else _XIR_TYPE[n.kind])
         w = list(xir_weights(n, n.weight).shape) if n.weight is not None else None
         out.append(OpDesc(n.name, typ, attrs, [nhwc(shapes[i]) for i in n.inputs], nhwc(n.shape), w))
     return out
@@ -65,6 +73,7 @@ def inspect_model(model, target, input_shape=None):
 
     class _Cfg:
         replace_sigmoid = False
+        replace_silu = None
     prep = prepare(to_fgraph(m, src, input_shape), _Cfg())
     rows = [(n, place(d, t)) for n, d in zip(prep.nodes, op_descs(prep))]
     return t, prep, rows
@@ -87,7 +96,7 @@ def format_inspect(t, prep: Prepared, rows, verbose: int = 1) -> str:
         for n, p in show:
             src = ",".join(n.sources)[:28]
             hint = f"  [hint: {p.hint}]" if p.hint else ""
-            typ = n.kind if n.kind != "float" else n.attrs["xir_type"]
+            typ = n.kind if n.kind != "float" else _float_type(n)
             lines.append(f"{n.name[:44]:44s} {src:28s} {typ:18s} {p.device:6s} {p.reason}{hint}")
     lines.append("[VAIQ_NOTE]: =>Finish inspecting.")
     return "\n".join(lines) + "\n"

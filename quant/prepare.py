@@ -47,6 +47,7 @@ class Prepared:
     outputs: list[str]                   # QNode names of the graph outputs, in ONNX output order
     output_names: list[str]              # the ONNX names of those outputs
     notes: list[str]                     # VAIQ-style warnings (replacements, float ops, ...)
+    opset: int = 17                      # the source model's opset (generic CPU ops are ONNX nodes of it)
 
     def node(self, name: str) -> QNode:
         for n in self.nodes:
@@ -261,11 +262,16 @@ class _Prep:
             if h is None:
                 if node.op_type in FLOAT_OPS:
                     self.float_op(node)
-                    continue
-                raise self.err(node, f"unsupported op {node.op_type}: the quantizer handles "
-                                     f"{', '.join(sorted(SUPPORTED_ONNX))}")
+                else:
+                    self.cpu_node(node, f"{node.op_type} has no DPU form")
+                continue
+            snap = self._snapshot()
             self.mark(node)
-            h(node)
+            try:
+                h(node)
+            except QuantError as e:         # a form the DPU lacks: the op stays float on the CPU, with the reason
+                self._restore(snap)
+                self.cpu_node(node, _reason(str(e), node), e)
         outs, onames = [], []
         for o in fg.outputs:
             if o not in self.val:
@@ -273,22 +279,90 @@ class _Prep:
             outs.append(self.val[o])
             onames.append(o)
         self.check_layouts()
-        return Prepared(fg.name, self.nodes, outs, onames, self.notes)
+        return Prepared(fg.name, self.nodes, outs, onames, self.notes, fg.opset)
 
     def check_layouts(self) -> None:
+        """Drop dead nodes; a reshape whose NHWC flattening differs from the NCHW one runs on the CPU (in ONNX
+        layout, as the generic node it came from), since the DPU reshape aliases the NHWC image."""
         live = {i for n in self.nodes for i in n.inputs} | set(self.val[o] for o in self.fg.outputs)
         self.nodes = [n for n in self.nodes if n.name in live or n.kind == "input"]
         for n in self.nodes:
-            if n.kind == "reshape":
+            if n.kind == "reshape" and "onnx_node" in n.attrs:
                 src = self.byname[n.inputs[0]]
-                s = src.shape
-                if len(s) == 4 and s[2] * s[3] > 1 and n.shape != s:
-                    raise QuantError(f"{self.fg.source}: op {n.sources[0]!r} reshapes a {s} feature map to {n.shape}; "
-                                     f"that depends on the NCHW/NHWC layout and is supported only before Gemm/MatMul "
-                                     f"(unsupported op)")
+                if not (_layout_free(src.shape) and _layout_free(n.shape)):
+                    node = n.attrs["onnx_node"]
+                    why = (f"reshape {src.shape} -> {n.shape} depends on the NCHW/NHWC layout (the DPU reshape "
+                           f"aliases the NHWC image)")
+                    n.kind, n.device, n.reason = "float", "CPU", why
+                    n.attrs = self.generic_attrs(node, 0)
+                    self.notes.append(f"[VAIQ_WARN][QUANTIZER_TORCH_FLOAT_OP]: {n.name}: {why}; stays float (CPU)")
+
+    # ---- placement instead of failure ------------------------------------------------------------------
+    def _snapshot(self):
+        return len(self.nodes), dict(self.byname), dict(self.val), set(self.done), len(self.notes)
+
+    def _restore(self, snap) -> None:
+        n, byname, val, done, notes = snap
+        del self.nodes[n:]
+        self.byname, self.val, self.done = byname, val, done
+        del self.notes[notes:]
+
+    def generic_attrs(self, node: Node, out_index: int) -> dict:
+        """A float (CPU) op that is the ONNX node itself: constant operands kept, feature maps by position."""
+        spec = []
+        for i in node.inputs:
+            if not i:
+                spec.append(("none", None))
+            elif i in self.fg.consts:
+                spec.append(("const", self.fg.consts[i]))
+            else:
+                spec.append(("fm", self.val[i]))
+        return {"op_type": node.op_type, "onnx_attrs": dict(node.attrs), "generic": True, "in_spec": spec,
+                "out_index": out_index, "n_outputs": len(node.outputs)}
+
+    def cpu_node(self, node: Node, reason: str, cause: QuantError | None = None) -> None:
+        """Keep `node` in float on the CPU (one QNode per used output), with `reason` in the report."""
+        self.mark(node)
+        fms = []
+        for i in node.inputs:
+            if i and i not in self.fg.consts:
+                if i not in self.val:
+                    if cause is not None:
+                        raise cause
+                    raise self.err(node, f"input {i!r} has no producer")
+                if self.val[i] not in fms:
+                    fms.append(self.val[i])
+        if not fms:
+            raise cause or self.err(node, "no feature-map input (a constant subgraph that was not folded)")
+        used = [k for k, o in enumerate(node.outputs) if o and (o in self.graph_outputs or self._cons.get(o))]
+        for k in used:
+            o = node.outputs[k]
+            if o not in self.fg.shapes:
+                raise cause or self.err(node, f"output {o!r} has no static shape after shape inference")
+            name = node.name if len(used) == 1 else f"{node.name}_out{k}"
+            self.add(QNode(name, "float", fms, self.shape(o), self.generic_attrs(node, k), sources=[node.name],
+                           device="CPU", reason=reason), o)
+        self.notes.append(f"[VAIQ_WARN][QUANTIZER_TORCH_FLOAT_OP]: {node.name}: {reason}; stays float (CPU)")
+
+    def silu_mul(self, sig: Node) -> Node | None:
+        """The Mul of SiLU x·sigmoid(x) that consumes this Sigmoid, if any."""
+        c = self.only_consumer(sig.outputs[0])
+        if c is not None and c.op_type == "Mul" and sorted(c.inputs) == sorted([sig.inputs[0], sig.outputs[0]]):
+            return c
+        return None
 
     def float_op(self, node: Node) -> None:
         self.mark(node)
+        m = self.silu_mul(node) if node.op_type == "Sigmoid" and self.cfg.replace_silu == "hardswish" else None
+        if m is not None:
+            self.mark(m)
+            x = self.src(node, node.inputs[0])
+            self.notes.append(f"[VAIQ_WARN][QUANTIZER_TORCH_REPLACE_SILU]: {node.name}: SiLU x*sigmoid(x) replaced "
+                              f"by hard-swish x*relu6(x+3)/6")
+            hs = self.add(QNode(node.name, "hsigmoid", [x.name], x.shape, sources=[node.name]))
+            self.add(QNode(m.name, "eltwise", [x.name, hs.name], self.shape(m.outputs[0]), {"type": "MUL"},
+                           sources=[m.name, "hard-swish (SiLU)"]), m.outputs[0])
+            return
         if node.op_type == "Sigmoid" and self.cfg.replace_sigmoid:
             x = self.src(node, node.inputs[0])
             self.notes.append(f"[VAIQ_WARN][QUANTIZER_TORCH_REPLACE_SIGMOID]: {node.name}: Sigmoid replaced by "
@@ -666,9 +740,64 @@ class _Prep:
         if out == x.shape:
             self.val[node.outputs[0]] = x.name
             return
-        self.add(QNode(node.name, "reshape", [x.name], out, {"shape": out}, sources=[node.name]), node.outputs[0])
+        self.add(QNode(node.name, "reshape", [x.name], out, {"shape": out, "onnx_node": node}, sources=[node.name]),
+                 node.outputs[0])
 
     op_Flatten = op_Reshape = op_Squeeze = op_Unsqueeze = _reshape
+
+    def _slice_node(self, node: Node, x: QNode, out_t: str, ranges: dict[int, tuple[int, int, int]], name: str):
+        """A slice of a 4-D NCHW feature map (begin/end/strides per axis) as LOAD/SAVE addressing on the DPU."""
+        if len(x.shape) != 4:
+            raise self.err(node, f"slicing a {len(x.shape)}-D tensor {x.shape}; the DPU slices NCHW feature maps")
+        begin, end, strides = [0, 0, 0, 0], list(x.shape), [1, 1, 1, 1]
+        for ax, (b, e, st) in ranges.items():
+            begin[ax], end[ax], strides[ax] = b, e, st
+        if begin[0] != 0 or end[0] != x.shape[0] or strides[0] != 1:
+            raise self.err(node, "slicing the batch axis is not supported on the DPU")
+        if strides[1] != 1 or min(strides) < 1:
+            raise self.err(node, f"slice strides {strides}: the DPU needs channel stride 1 and positive strides")
+        out = self.shape(out_t)
+        want = [len(range(b, e, st)) for b, e, st in zip(begin, end, strides)]
+        if want != out:
+            raise self.err(node, f"slice {begin}:{end}:{strides} of {x.shape} gives {want}, not {out}")
+        if out == x.shape:
+            self.val[out_t] = x.name
+            return
+        self.add(QNode(name, "slice", [x.name], out, {"begin": begin, "end": end, "strides": strides},
+                       sources=[node.name]), out_t)
+
+    def op_Slice(self, node: Node) -> None:
+        x = self.src(node, node.inputs[0])
+        vals = []
+        for i in node.inputs[1:]:
+            v = self.const(i) if i else None
+            if i and v is None:
+                raise self.err(node, f"slice bound {i!r} is not a constant")
+            vals.append(None if v is None else [int(t) for t in np.reshape(v, -1)])
+        starts, ends = vals[0], vals[1]
+        rank = len(x.shape)
+        axes = vals[2] if len(vals) > 2 and vals[2] is not None else list(range(len(starts)))
+        steps = vals[3] if len(vals) > 3 and vals[3] is not None else [1] * len(starts)
+        ranges = {}
+        for a, b, e, st in zip(axes, starts, ends, steps):
+            a %= rank
+            if st <= 0:
+                raise self.err(node, f"slice step {st} on axis {a}: the DPU slices with positive steps")
+            ranges[a] = slice(b, e, st).indices(x.shape[a])
+        self._slice_node(node, x, node.outputs[0], ranges, node.name)
+
+    def op_Split(self, node: Node) -> None:
+        x = self.src(node, node.inputs[0])
+        rank = len(x.shape)
+        axis = int(node.attrs.get("axis", 0)) % max(rank, 1)
+        o = 0
+        for k, t in enumerate(node.outputs):
+            n_ = self.shape(t)[axis]
+            if t and (t in self.graph_outputs or self._cons.get(t)):
+                self._slice_node(node, x, t, {axis: (o, o + n_, 1)}, f"{node.name}_{k}")
+            o += n_
+        if o != x.shape[axis]:
+            raise self.err(node, f"split sizes add up to {o}, not {x.shape[axis]}")
 
     def op_Pad(self, node: Node) -> None:
         x = self.src(node, node.inputs[0])
@@ -688,9 +817,20 @@ class _Prep:
 
 
 SUPPORTED_ONNX = {"Conv", "ConvTranspose", "BatchNormalization", "Gemm", "MatMul", "Relu", "LeakyRelu", "Clip", "Add",
-                  "Sub", "Mul", "Div", "HardSigmoid", "HardSwish", "MaxPool", "AveragePool", "GlobalAveragePool",
-                  "GlobalMaxPool", "ReduceMean", "Concat", "Resize", "Upsample", "Flatten", "Reshape", "Squeeze",
-                  "Unsqueeze", "Pad", "Identity", "Dropout", "Constant", "Shape"} | set(FLOAT_OPS)
+                  "Slice", "Split", "Sub", "Mul", "Div", "HardSigmoid", "HardSwish", "MaxPool", "AveragePool",
+                  "GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "Concat", "Resize", "Upsample", "Flatten",
+                  "Reshape", "Squeeze", "Unsqueeze", "Pad", "Identity", "Dropout", "Constant", "Shape"} | set(FLOAT_OPS)
+
+
+def _layout_free(shape) -> bool:
+    """True when a tensor's NCHW and NHWC element orders are the same (not 4-D, C == 1 or H·W == 1)."""
+    return len(shape) != 4 or shape[1] == 1 or shape[2] * shape[3] == 1
+
+
+def _reason(msg: str, node: Node) -> str:
+    """A handler's error message without its "<file>: op '<name>' (<type>): " prefix, as a placement reason."""
+    tag = f"({node.op_type}): "
+    return msg.split(tag, 1)[1] if tag in msg else msg
 
 
 def _per_channel(k, C: int, rank: int):

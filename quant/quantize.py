@@ -38,6 +38,7 @@ class QuantConfig:
     batch_size: int = 8
     calib_limit: int | None = None        # use at most this many calibration samples
     replace_sigmoid: bool = False         # sigmoid -> hard-sigmoid (vai_q REPLACE_SIGMOID)
+    replace_silu: str | None = None       # "hardswish": x*sigmoid(x) -> hard-swish on the DPU (an approximation)
     align_concat: bool = True
     align_pool: bool = True
     eltwise_spread: int = 2               # max fix-point spread of eltwise-add inputs (DPU ELEW keeps 2 extra bits)
@@ -53,6 +54,8 @@ class QuantConfig:
         wm = self.wmethod
         if wm not in ("maxmin", "diffs", "mse"):
             raise QuantError(f"QUANT_CONFIG: weight method {wm!r}; use maxmin, diffs or mse")
+        if self.replace_silu not in (None, "hardswish"):
+            raise QuantError(f"QUANT_CONFIG: replace_silu {self.replace_silu!r}; use 'hardswish' or None")
         if self.bit_width != 8:
             raise QuantError(f"ILLEGAL_BITWIDTH: the DPU takes 8-bit tensors, not {self.bit_width}")
         if self.statistic is not None and self.statistic not in C.STATISTICS:
@@ -242,7 +245,7 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
         if not n.quantized:
             continue
         ins = [i for i in n.inputs if i in raw and q[i].quantized]
-        if n.kind == "concat" and cfg.align_concat or n.kind in ("upsample", "reshape") or \
+        if n.kind == "concat" and cfg.align_concat or n.kind in ("upsample", "reshape", "slice") or \
                 (n.kind == "pool" and cfg.align_pool):
             for i in ins:
                 g.union(n.name, i)
@@ -254,7 +257,7 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
     for name, v in raw.items():
         if fp[g.find(name)] != v:
             adjustments.append({"tensor": name, "from": v, "to": fp[g.find(name)], "rule": "shared fix point "
-                                "(concat / pool / upsample / reshape alignment)"})
+                                "(concat / pool / upsample / reshape / slice alignment)"})
 
     def get(name):
         return fp[g.find(name)]

@@ -7,7 +7,7 @@ import numpy as np
 
 from opendpu.compiler.fixpoint import LEAKY_ALPHA, hsigmoid_fields
 from opendpu.compiler.xir.graph import DATA_TYPE_CODES, Graph, Tensor
-from opendpu.quant.emit import QParams
+from opendpu.quant.emit import QParams, opset_of
 from opendpu.quant.prepare import Prepared, QNode
 
 XINT = DATA_TYPE_CODES["XINT"]
@@ -155,6 +155,9 @@ class _Builder:
             self.op(main, "hard-sigmoid", {"input": ins}, {}, float_tensor(main, shape))
         elif k == "reshape":
             self.op(main, "reshape", {"input": ins}, {"shape": shape}, float_tensor(main, shape))
+        elif k == "slice":
+            self.op(main, "strided_slice", {"input": ins}, {"begin": nhwc(a["begin"]), "end": nhwc(a["end"]),
+                                                            "strides": nhwc(a["strides"])}, float_tensor(main, shape))
         elif k == "act":
             main = ins[0]
         else:
@@ -252,7 +255,39 @@ class _Builder:
                     float_tensor(n.name, shape))
             self.floated[n.name] = n.name
 
+    def k_slice(self, n: QNode):
+        a = n.attrs
+        self.op(n.name, "strided_slice-fix", {"input": [self.fixed_of(n.inputs[0])]},
+                {"begin": nhwc(a["begin"]), "end": nhwc(a["end"]), "strides": nhwc(a["strides"])}, self.out_tensor(n))
+        self.fixed[n.name] = n.name
+
+    def k_generic(self, n: QNode):
+        """An ONNX node kept as it is (`onnx-op`, run by the CPU in ONNX's NCHW layout): 4-D feature maps are
+        transposed NHWC -> NCHW on the way in and back on the way out."""
+        a = n.attrs
+        ins, names = [], {}
+        for q in n.inputs:
+            f = self.float_of(q)
+            if len(self.g.ops[f].output.shape) == 4:
+                t = f"{n.name}_{q}_nchw"
+                self.op(t, "transpose", {"input": [f]}, {"order": [0, 3, 1, 2]},
+                        float_tensor(t, self.prep.node(q).shape))
+                f = t
+            names[q] = f"x{len(ins)}"
+            ins.append(f)
+        model = onnx_node_model(n, names, *opset_of(self.prep))
+        main = n.name if len(n.shape) != 4 else n.name + "_nchw"
+        self.op(main, "onnx-op", {"input": ins}, {"device": "CPU", "onnx_op_type": a["op_type"],
+                                                  "onnx_model": model, "output_index": int(a["out_index"])},
+                float_tensor(main, n.shape))
+        if main != n.name:
+            self.op(n.name, "transpose", {"input": [main]}, {"order": [0, 2, 3, 1]},
+                    float_tensor(n.name, nhwc(n.shape)))
+        self.floated[n.name] = n.name
+
     def k_float(self, n: QNode):
+        if n.attrs.get("generic"):
+            return self.k_generic(n)
         attrs = {"device": "CPU"}
         oa = n.attrs.get("onnx_attrs", {})
         if n.attrs["xir_type"] == "softmax":
@@ -261,6 +296,32 @@ class _Builder:
         self.op(n.name, n.attrs["xir_type"], {"input": [self.float_of(i) for i in n.inputs]}, attrs,
                 float_tensor(n.name, nhwc(n.shape)))
         self.floated[n.name] = n.name
+
+
+def onnx_node_model(n: QNode, names: dict[str, str], opset: int, ir_version: int) -> bytes:
+    """A generic float op as a one-node ONNX model (serialized): feature-map inputs x0.., constants as
+    initializers, every output of the node y0.. (attr `output_index` picks one); the CPU runs it as ONNX would."""
+    from onnx import TensorProto, helper, numpy_helper
+    a = n.attrs
+    inputs, inits, vis = [], [], []
+    for k, (what, v) in enumerate(a["in_spec"]):
+        if what == "none":
+            inputs.append("")
+        elif what == "const":
+            c = f"c{k}"
+            inits.append(numpy_helper.from_array(np.asarray(v), c))
+            inputs.append(c)
+        else:
+            inputs.append(names[v])
+    for q, x in names.items():
+        vis.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, None))
+    outs = [f"y{k}" for k in range(int(a["n_outputs"]))]
+    node = helper.make_node(a["op_type"], inputs, outs, name=n.name, **a.get("onnx_attrs", {}))
+    g = helper.make_graph([node], n.name, vis, [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None)
+                                                for o in outs], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], producer_name="opendpu.quant")
+    m.ir_version = ir_version
+    return m.SerializeToString()
 
 
 def build_xmodel(prep: Prepared, qp: QParams) -> Graph:

@@ -13,7 +13,8 @@ d*(k-1)-pad per side and run a stride-1 conv with the same, unflipped OHWI weigh
 
 Registered op types: conv2d, depthwise-conv2d, transposed-conv2d, transposed-depthwise-conv2d
 (alias depthwise-transposed-conv2d), maxpool2d, avgpool2d, pool (attr ``type`` MAX/AVG), add,
-sub, mul, div, concat, upsample, resize, hard-sigmoid, hard-swish, tanh, exp, clamp.
+sub, mul, div, concat, upsample, resize, hard-sigmoid, hard-swish, tanh, exp, clamp, and onnx-op (an ONNX node
+kept as it is by the quantizer, run by onnx's reference evaluator).
 
 avgpool2d divisor (as VART's cpu-runner): ``count_include_pad`` (default true) counts the
 attribute padding; ``count_include_invalid`` (default true, XIR's default) also counts window
@@ -478,7 +479,48 @@ def _op_resize(ctx: _Ctx) -> np.ndarray:
     raise ctx.error(f"mode '{mode}' is not supported (NEAREST, BILINEAR)")
 
 
-FLOAT_OPS: frozenset[str] = frozenset((
+_ONNX_CACHE: dict[bytes, Any] = {}
+
+
+@_register("onnx-op")
+def _op_onnx(ctx: _Ctx) -> np.ndarray:
+    """An ONNX node the quantizer kept as it is (attr `onnx_model`: a one-node model with inputs x0.., outputs
+    y0..; `output_index` picks one), run by onnx's own reference evaluator, in ONNX's layout."""
+    import hashlib
+    blob = ctx.attrs.get("onnx_model")
+    if not isinstance(blob, (bytes, bytearray)) or not blob:
+        raise ctx.error("missing attribute 'onnx_model' (the serialized one-node ONNX model)")
+    try:
+        import onnx
+        from onnx.reference import ReferenceEvaluator
+    except ImportError:
+        raise ctx.error("running an ONNX op on the CPU needs the onnx package (pip install onnx)") from None
+    key = hashlib.sha1(bytes(blob)).digest()
+    ev = _ONNX_CACHE.get(key)
+    if ev is None:
+        try:
+            ev = ReferenceEvaluator(onnx.load_from_string(bytes(blob)))
+        except Exception as e:
+            raise ctx.error(f"cannot load its ONNX model: {' '.join(str(e).split())[:200]}") from None
+        if len(_ONNX_CACHE) > 256:
+            _ONNX_CACHE.clear()
+        _ONNX_CACHE[key] = ev
+    names = [i.name for i in ev.proto_.graph.input]
+    if len(names) != len(ctx.inputs):
+        raise ctx.error(f"expects {len(names)} inputs, got {len(ctx.inputs)}")
+    feeds = {n: np.asarray(v, np.float32) for n, v in zip(names, ctx.inputs)}
+    k = int(ctx.attrs.get("output_index", 0))
+    try:
+        outs = ev.run(None, feeds)
+    except Exception as e:
+        raise ctx.error(f"{' '.join(str(e).split())[:200]}") from None
+    if not 0 <= k < len(outs):
+        raise ctx.error(f"output_index {k} out of range (the op has {len(outs)} outputs)")
+    y = np.asarray(outs[k])
+    return y.astype(np.float32) if y.dtype.kind == "f" else y
+
+
+FLOAT_OPS: frozenset[str] = frozenset(("onnx-op",
     "conv2d", "depthwise-conv2d", "transposed-conv2d", "transposed-depthwise-conv2d",
     "depthwise-transposed-conv2d", "maxpool2d", "avgpool2d", "pool", "add", "sub", "mul", "div",
     "concat", "upsample", "resize", "hard-sigmoid", "hard-swish", "tanh", "exp", "clamp"))
