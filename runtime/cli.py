@@ -1,4 +1,4 @@
-"""`opendpu` command line: run, check, disasm, xmodel, targets (xdputil-like), quantize, compile, build."""
+"""`opendpu` command line: run, check, disasm, xmodel, targets (xdputil-like), quantize, compile, build, compare."""
 from __future__ import annotations
 
 import argparse
@@ -864,6 +864,31 @@ def cmd_build(a) -> int:
     return rc
 
 
+# ---- compare -----------------------------------------------------------------------------------------------
+def cmd_compare(a) -> int:
+    """Float onnxruntime beside the compiled xmodel on sim / ref: task metric and per-output SQNR."""
+    from opendpu.runtime.compare import Comparison, format_report, to_json
+    input_file(a.model, "model")
+    input_path(a.build_dir, "build directory")
+    input_path(a.data, "--data")
+    if a.json:
+        check_file(a.json, suffixes=(".json",), inputs=[a.model, a.data], what="--json")
+    c = Comparison(a.model, a.build_dir, a.data, task=a.task, backend=a.backend, limit=a.limit,
+                   score_threshold=a.score_threshold, iou=a.iou)
+    if a.backend == "sim" and c.runner.runners:
+        _warm_kernels()
+    from opendpu.runtime.progress import progress_bar
+    with progress_bar("compare") as prog:
+        rep = c.run(progress=prog)
+    print(format_report(rep), end="")
+    if a.json:
+        def write(path):
+            with open(path, "w") as f:
+                f.write(to_json(rep))
+        _write_announced(a.json, write, "JSON report")
+    return 0
+
+
 # ---- the parser --------------------------------------------------------------------------------------------
 class _UsageError(Exception):
     def __init__(self, prog: str, message: str):
@@ -924,6 +949,9 @@ _EXAMPLES = {
   opendpu compile -x q/net_int.xmodel -a arch.json -o c -n net --options '{"output_ops": "fc"}'
   opendpu compile -x c/digits.xmodel --recompile --target DPUCZDX8G_ISA1_B512 -o c512 -n digits""",
     "build": "examples:\n  opendpu build model.onnx --calib calib.npy --target DPUCZDX8G_ISA1_B4096 -o out",
+    "compare": """examples:
+  opendpu compare model.onnx out --data test.npz                 # out = opendpu build -o; top-1 agreement + SQNR
+  opendpu compare yolov8n.onnx out --data images.npy --task detect --score-threshold 0.3 --json acc.json""",
     "zoo": "examples:\n  opendpu zoo resnet18 mobilenet_v2 --size 224 --export models",
     "targets": "examples:\n  opendpu targets --json",
 }
@@ -1111,6 +1139,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the input shape (NCHW) for a model whose input has dynamic dimensions")
     force(b)
     b.set_defaults(fn=cmd_build)
+    cm = verb("compare", "accuracy of a compiled model against its float ONNX model: task metric and per-output SQNR")
+    cm.add_argument("model", metavar="MODEL.onnx", help="the float ONNX model the build was made from")
+    cm.add_argument("build_dir", metavar="BUILD_DIR", help="output of opendpu build (or compile), or a compiled "
+                                                           ".xmodel")
+    cm.add_argument("--data", required=True, help="samples: .npy [N,C,H,W], .npz ('x', optional labels 'y') or a "
+                                                  "folder of .npy")
+    cm.add_argument("--task", default="auto", choices=("auto", "classify", "detect", "raw"),
+                    help="auto = classify for one [1, K] output, else raw (SQNR only); detect = YOLOv8-style "
+                         "[1, 4+nc, N] output")
+    cm.add_argument("--limit", type=int_range(1), metavar="N", help="use at most N samples")
+    cm.add_argument("--score-threshold", type=float_range(0, 1), default=0.25,
+                    help="detect: keep boxes whose best class score is at least this")
+    cm.add_argument("--iou", type=float_range(0, 1), default=0.5,
+                    help="detect: IoU at which a float and a DPU detection of the same class match")
+    cm.add_argument("--backend", choices=("sim", "ref"), default="sim",
+                    help="sim = cycle model, ref = XIR reference ops")
+    cm.add_argument("--json", metavar="OUT.json", help="also write the report as JSON")
+    cm.set_defaults(fn=cmd_compare)
     t = verb("targets", "list the ISA1 presets")
     t.add_argument("--json", action="store_true")
     t.set_defaults(fn=cmd_targets)
