@@ -25,7 +25,7 @@ import hashlib
 from collections import OrderedDict
 from typing import Any
 
-from opendpu.compiler.partition import CPU, DPU, Partition, SubgraphPlan, shape_of
+from opendpu.compiler.partition import CPU, DPU, Partition, SubgraphPlan, coverage, shape_of
 from opendpu.compiler.program import DdrImage, DpuProgram
 from opendpu.compiler.xir import dpu_abi as abi
 from opendpu.compiler.xir.graph import Attrs, Graph, Op, Subgraph, Tensor, XModelError
@@ -412,9 +412,11 @@ def md5(data: bytes) -> str:
 
 def meta_json(name: str, target: Target, part: Partition, programs: dict[str, DpuProgram],
               options: dict) -> dict:
-    """meta.json for the runtime (vai_c_xir writes one beside the compiled xmodel)."""
+    """meta.json for the runtime (vai_c_xir writes one beside the compiled xmodel); "coverage" is the share of MACs
+    and ops on the DPU with every CPU op and its reason (`partition.coverage`)."""
     fp = f"0x{target.fingerprint:016X}" if target.fingerprint is not None else None
     return {
+        "coverage": coverage(part),
         "target": target.name, "fingerprint": fp, "lib": abi.DPU_RUNNERS["run"], "filename": f"{name}.xmodel",
         "org_filename": f"{name}_org.xmodel", "kernel": [s.name for s in part.dpu_subgraphs],
         "compiler": "opendpu", "opendpu_version": _version(), "options": dict(options),

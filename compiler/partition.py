@@ -306,5 +306,140 @@ def partition(graph: Graph, target: Target, unsupported: Unsupported | None = No
     return part
 
 
+# ---- DPU coverage: MACs and ops on the DPU ------------------------------------------------------------------
+PSEUDO_TYPES = DATA_TYPES + CONST_TYPES + BOUNDARY_TYPES + ("fix", "fix2float", "float2fix")   # not counted as ops
+_CONV_TYPES = ("conv2d", "conv")
+_DW_TYPES = ("depthwise-conv2d", "dwconv2d")
+_TCONV_TYPES = ("transposed-conv2d", "conv2d-transpose")
+_TDW_TYPES = ("transposed-depthwise-conv2d", "depthwise-transposed-conv2d")
+_DENSE_TYPES = ("matmul", "inner-product", "gemm", "dense")
+
+
+def _base_type(t: str) -> str:
+    t = str(t).strip().lower()
+    return (t[:-4] if t.endswith("-fix") else t).replace("_", "-")
+
+
+def _prod(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _kernel_hw(d: OpDesc) -> tuple[int, int]:
+    """(kh, kw) from attrs["kernel"] ([w, h]), else from the OHWI weight shape; (0, 0) when neither is readable."""
+    k = d.attrs.get("kernel")
+    try:
+        if k is not None:
+            kv = [int(v) for v in (k if isinstance(k, (list, tuple)) else [k, k])]
+            return kv[1], kv[0]
+        if d.weight_shape and len(d.weight_shape) == 4:
+            return int(d.weight_shape[1]), int(d.weight_shape[2])
+    except (TypeError, ValueError, IndexError):
+        pass
+    return 0, 0
+
+
+def op_macs(d: OpDesc) -> int:
+    """Multiply-accumulates of one op (NHWC `OpDesc`): conv out·kh·kw·Cin/group, depthwise out·kh·kw, transposed
+    conv in·kh·kw·Cout (depthwise: ·Cout/Cin), dense out·K; 0 for every other op (pools, eltwise, moves, ...)."""
+    t = _base_type(d.type)
+    out = [int(v) for v in d.out_shape or []]
+    x = [int(v) for v in d.in_shapes[0]] if d.in_shapes and d.in_shapes[0] else []
+    if not out:
+        return 0
+    kh, kw = _kernel_hw(d)
+    try:
+        group = max(1, int(d.attrs.get("group", 1) or 1))
+    except (TypeError, ValueError):
+        group = 1
+    if t in _CONV_TYPES:
+        cin = x[-1] if x else (int(d.weight_shape[-1]) * group if d.weight_shape else 0)
+        return _prod(out) * kh * kw * cin // group
+    if t in _DW_TYPES:
+        return _prod(out) * kh * kw
+    if t in _TCONV_TYPES + _TDW_TYPES:
+        if not x:
+            return 0
+        per_in = out[-1] // x[-1] if t in _TDW_TYPES else out[-1] // group
+        return _prod(x) * kh * kw * per_in
+    if t in _DENSE_TYPES and x:
+        rows = _prod(out) // out[-1] if out[-1] else 0
+        return _prod(out) * (_prod(x) // rows) if rows else 0
+    return 0
+
+
+def coverage_of(rows) -> dict:
+    """DPU coverage of placed ops, `rows` = (OpDesc, device, reason) in graph order: MACs and ops (pseudo ops such
+    as data / const / fix2float skipped) in total and on the DPU, percentages, and every CPU op with its reason."""
+    macs_total = macs_dpu = ops_total = ops_dpu = 0
+    cpu = []
+    for d, device, reason in rows:
+        if _base_type(d.type) in PSEUDO_TYPES:
+            continue
+        m = op_macs(d)
+        ops_total += 1
+        macs_total += m
+        if device == DPU:
+            ops_dpu += 1
+            macs_dpu += m
+        elif device == CPU:
+            cpu.append({"name": d.name, "type": d.type, "reason": reason})
+    return {"macs_total": macs_total, "macs_dpu": macs_dpu,
+            "macs_dpu_pct": 100.0 * macs_dpu / macs_total if macs_total else None,
+            "ops_total": ops_total, "ops_dpu": ops_dpu,
+            "ops_dpu_pct": 100.0 * ops_dpu / ops_total if ops_total else None,
+            "cpu_ops": cpu}
+
+
+def coverage(part: Partition) -> dict:
+    """The DPU coverage of a partitioned graph (`coverage_of` over its ops and their placements); meta.json's
+    "coverage"."""
+    g = part.graph
+    return coverage_of((op_desc(g, g.ops[n]), part.placement[n].device, part.placement[n].reason)
+                       for n in g.toposort())
+
+
+def target_label(target: Target) -> str:
+    """A target's short name for the coverage line: B4096 for the preset DPUCZDX8G_ISA1_B4096, else its name."""
+    size = target.size_name
+    return size if target.name in ("", f"DPUCZDX8G_ISA1_{size}") else target.name
+
+
+def _pct_text(p: float) -> str:
+    """A percentage with one decimal that never shows 100.0 or 0.0 unless it is exact."""
+    if 99.95 <= p < 100:
+        return ">99.9"
+    if 0 < p < 0.05:
+        return "<0.1"
+    return f"{p:.1f}"
+
+
+def _mac_text(dpu: int, total: int) -> str:
+    unit, div = next(((u, v) for u, v in (("GMAC", 1e9), ("MMAC", 1e6), ("kMAC", 1e3)) if total >= v), ("MAC", 1))
+    return f"{dpu / div:.3g} {unit} of {total / div:.3g}"
+
+
+def format_coverage(cov: dict, label: str, limit: int = 5) -> str:
+    """The one-line coverage summary: `DPU coverage (B4096): 99.2 % of MACs (1.23 GMAC of 1.24), 57/60 ops; 3 ops
+    on the CPU: softmax (reason), ...` (at most `limit` CPU ops named)."""
+    if cov["macs_total"]:
+        macs = f"{_pct_text(cov['macs_dpu_pct'])} % of MACs ({_mac_text(cov['macs_dpu'], cov['macs_total'])})"
+    else:
+        macs = "no MACs"
+    s = f"DPU coverage ({label}): {macs}, {cov['ops_dpu']}/{cov['ops_total']} ops"
+    cpu = cov["cpu_ops"]
+    if not cpu:
+        return s + ", none on the CPU"
+    shown = []
+    for c in cpu[:limit]:
+        r = " ".join(str(c["reason"]).split())
+        shown.append(f"{c['name']} ({r[:97] + '...' if len(r) > 100 else r})")
+    more = f", and {len(cpu) - limit} more" if len(cpu) > limit else ""
+    return s + f"; {len(cpu)} op{'s' if len(cpu) != 1 else ''} on the CPU: " + ", ".join(shown) + more
+
+
 __all__ = ["partition", "place_op", "op_desc", "shape_of", "Partition", "SubgraphPlan", "OpPlacement", "PartitionError",
-           "USER", "DPU", "CPU"]
+           "USER", "DPU", "CPU", "PSEUDO_TYPES", "op_macs", "coverage", "coverage_of", "format_coverage",
+           "target_label"]

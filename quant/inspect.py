@@ -63,7 +63,6 @@ def op_descs(prep: Prepared) -> list:
 def inspect_model(model, target, input_shape=None):
     """(prepared graph, [(QNode, Placement)]) for an ONNX model on a target."""
     from opendpu.isa.target import TargetError, get_target
-    from opendpu.compiler.rules import place
     try:
         t = get_target(target) if not hasattr(target, "cp") else target
     except TargetError as e:
@@ -75,15 +74,30 @@ def inspect_model(model, target, input_shape=None):
         replace_sigmoid = False
         replace_silu = None
     prep = prepare(to_fgraph(m, src, input_shape), _Cfg())
-    rows = [(n, place(d, t)) for n, d in zip(prep.nodes, op_descs(prep))]
-    return t, prep, rows
+    return t, prep, place_prepared(prep, t)
+
+
+def place_prepared(prep: Prepared, target) -> list:
+    """[(QNode, Placement)] of every prepared op on one target (the compiler's rules); prepare once, place per
+    target."""
+    from opendpu.compiler.rules import place
+    return [(n, place(d, target)) for n, d in zip(prep.nodes, op_descs(prep))]
+
+
+def inspect_coverage(prep: Prepared, rows) -> dict:
+    """The DPU coverage (`compiler.partition.coverage_of`: MACs and ops on the DPU, CPU ops and why) of placed
+    prepared ops; the rules' estimate of what the compiler will place."""
+    from opendpu.compiler.partition import coverage_of
+    return coverage_of((d, p.device, p.reason) for d, (_, p) in zip(op_descs(prep), rows))
 
 
 def format_inspect(t, prep: Prepared, rows, verbose: int = 1) -> str:
-    """The inspect_<target>.txt text: target, limits, then the ops (verbose 1: CPU ops; 2: every op)."""
+    """The inspect_<target>.txt text: DPU coverage, target, limits, then the ops (verbose 1: CPU ops; 2: every op)."""
+    from opendpu.compiler.partition import format_coverage, target_label
     from opendpu.compiler.rules import limits
     fp = "none" if t.fingerprint is None else f"0x{t.fingerprint:016X}"
     lines = ["[VAIQ_NOTE]: =>Start to inspect model...",
+             format_coverage(inspect_coverage(prep, rows), target_label(t)),
              f"Target: {t.name}  fingerprint: {fp}  PP {t.pp} CP {t.cp} ALU_PP {t.alu_pp} bank_depth {t.bank_depth}",
              "Limits: " + ", ".join(f"{k}={v}" for k, v in limits(t).items()), ""]
     cpu = [(n, p) for n, p in rows if p.device == "CPU"]
@@ -98,5 +112,24 @@ def format_inspect(t, prep: Prepared, rows, verbose: int = 1) -> str:
             hint = f"  [hint: {p.hint}]" if p.hint else ""
             typ = n.kind if n.kind != "float" else _float_type(n)
             lines.append(f"{n.name[:44]:44s} {src:28s} {typ:18s} {p.device:6s} {p.reason}{hint}")
+    lines.append("[VAIQ_NOTE]: =>Finish inspecting.")
+    return "\n".join(lines) + "\n"
+
+
+def format_partition(t, part, verbose: int = 1) -> str:
+    """The inspect_<target>.txt text of a quantized xmodel: DPU coverage and the compiler's own partition (rules and
+    code generator) on `t`: subgraphs, CPU ops and why (verbose 2: every op)."""
+    from opendpu.compiler.partition import PSEUDO_TYPES, coverage, format_coverage, target_label
+    fp = "none" if t.fingerprint is None else f"0x{t.fingerprint:016X}"
+    lines = ["[VAIQ_NOTE]: =>Start to inspect model...", format_coverage(coverage(part), target_label(t)),
+             f"Target: {t.name}  fingerprint: {fp}  PP {t.pp} CP {t.cp} ALU_PP {t.alu_pp} bank_depth {t.bank_depth}",
+             ""] + part.report()
+    if verbose >= 2:
+        g = part.graph
+        lines += ["", f"{'op':44s} {'type':24s} {'device':6s} reason"]
+        for n in g.toposort():
+            p = part.placement[n]
+            if g.ops[n].type.removesuffix("-fix") not in PSEUDO_TYPES:
+                lines.append(f"{n[:44]:44s} {g.ops[n].type:24s} {p.device:6s} {p.reason}")
     lines.append("[VAIQ_NOTE]: =>Finish inspecting.")
     return "\n".join(lines) + "\n"
