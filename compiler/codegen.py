@@ -1020,7 +1020,7 @@ def _image(n: str, f: FMap, dims) -> DdrImage:
 
 def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: FMap) -> None:
     t = c.target
-    ins = [fm[i] for i in _data_inputs(op)]
+    ins = [fm[i] for i in _data_inputs(op) if graph.ops[i].type not in SKIP_TYPES]    # a PReLU's slopes: const
     fp_out = out.fp
     if kind in ("conv", "tconv"):
         wop, bop = _arg(graph, op, "weights"), _arg(graph, op, "bias")

@@ -209,6 +209,14 @@ class _Emitter:
             sc = self.const(np.array([1, 1, sh, sw], np.float32), n.name + ".scales")
             return self.node("Resize", [ins[0], "", sc], raw, name=n.name, mode="nearest",
                              coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+        if k == "prelu":
+            # "dpu": the int8 slopes α_q·2^-s; x·α is then exact in float32 (8 by 8 bits), so the activation
+            # quantizer after it rounds as the ALU and the reference do (spec §6.8, §7.7)
+            slope = self.weights(n, "w")
+            if len(n.shape) > 2 and n.weight.size > 1:
+                shp = self.const(np.array([-1] + [1] * (len(n.shape) - 2), np.int64), n.name + ".slope_shape")
+                slope = self.node("Reshape", [slope, shp])
+            return self.node("PRelu", [ins[0], slope], raw, name=n.name)
         if k == "hsigmoid":
             if self.mode == "float" or not n.quantized:
                 return self.node("HardSigmoid", ins, raw, name=n.name, alpha=1 / 6, beta=0.5)

@@ -11,7 +11,8 @@ from opendpu.quant.xir_out import NHWC_AXIS, act_attrs, geom_attrs, nhwc, xir_we
 
 _XIR_TYPE = {"input": "data", "conv": "conv2d", "dwconv": "depthwise-conv2d", "tconv": "transposed-conv2d",
              "pool": "pool", "eltwise": "eltwise", "concat": "concat", "upsample": "upsample",
-             "hsigmoid": "hard-sigmoid", "reshape": "reshape", "slice": "strided_slice"}
+             "hsigmoid": "hard-sigmoid", "reshape": "reshape", "slice": "strided_slice",
+             "prelu": "prelu"}
 _ACT_TYPE = {"RELU": "relu", "RELU6": "relu6", "LEAKYRELU": "leaky-relu", "NONE": "identity"}
 
 

@@ -4,7 +4,10 @@ It folds BatchNorm into the preceding conv / gemm (a lone BN becomes a 1×1 dept
 into convolutions (a Flatten→Gemm into an H×W conv, as AMD's TransferMatMulToConv2d), fuses conv+act and
 add+ReLU, recognises hard-sigmoid / hard-swish (including `x·clip(x+3,0,6)/6`), folds zero Pad into the next
 conv, maps const add/mul onto conv bias/weights or a depthwise conv, and forces the LeakyReLU slope to 26/256.
-Ops without a fix-point form stay float (`kind == "float"`) and are listed; unknown ops are an error.
+PReLU becomes an ALU prelu (negative slopes: an exact decomposition into DPU ops, `op_PRelu`); a Transpose before
+Flatten/Reshape + Gemm/MatMul (PyTorch's permute + view + Linear) folds into the dense weights.
+Ops without a fix-point form, and forms the DPU lacks (a handler raises), stay float on the CPU (`kind == "float"`:
+the ONNX node itself, `cpu_node`) with the reason; Split/Slice of NCHW feature maps become strided slices.
 """
 from __future__ import annotations
 
@@ -17,17 +20,18 @@ from opendpu.quant.onnx_in import FGraph, Node, QuantError
 
 LEAKY_ALPHA = float(_FIXPOINT_LEAKY)   # 26/256, the DPU's only LeakyReLU slope (UG1414; spec §7.2)
 FLOAT_OPS = {"Softmax": "softmax", "Sigmoid": "sigmoid", "Tanh": "tanh"}
+MOVE_KINDS = ("concat", "reshape", "slice", "upsample")     # data movement: no arithmetic of its own
 
 
 @dataclass
 class QNode:
     """One op of the prepared graph, in ONNX (NCHW) terms; `name` becomes the XIR op name."""
     name: str
-    kind: str                    # input conv dwconv tconv pool eltwise concat upsample hsigmoid act reshape float
+    kind: str                    # input conv dwconv tconv pool eltwise concat upsample hsigmoid act reshape prelu float
     inputs: list[str]
     shape: list[int]
     attrs: dict = field(default_factory=dict)
-    weight: np.ndarray | None = None     # conv OIHW; dwconv [C,1,kh,kw]; tconv [Cin,Cout,kh,kw]
+    weight: np.ndarray | None = None     # conv OIHW; dwconv [C,1,kh,kw]; tconv [Cin,Cout,kh,kw]; prelu slopes [C]|[1]
     bias: np.ndarray | None = None
     act: str = "NONE"                    # NONE RELU RELU6 LEAKYRELU
     sources: list[str] = field(default_factory=list)   # ONNX nodes merged into this op
@@ -279,6 +283,7 @@ class _Prep:
             outs.append(self.val[o])
             onames.append(o)
         self.check_layouts()
+        self.float_regions()
         return Prepared(fg.name, self.nodes, outs, onames, self.notes, fg.opset)
 
     def check_layouts(self) -> None:
@@ -296,6 +301,23 @@ class _Prep:
                     n.kind, n.device, n.reason = "float", "CPU", why
                     n.attrs = self.generic_attrs(node, 0)
                     self.notes.append(f"[VAIQ_WARN][QUANTIZER_TORCH_FLOAT_OP]: {n.name}: {why}; stays float (CPU)")
+
+    def float_regions(self) -> None:
+        """Data movement (concat, reshape, slice, upsample) whose inputs are all computed in float on the CPU, or
+        whose consumers all are, stays there too: quantizing it would cost a round trip and force one fix point
+        on values of unrelated ranges (a detector's concat of box pixels and class scores, or of box and class
+        logits on their way to the CPU decoder)."""
+        for n in self.nodes:
+            if n.kind in MOVE_KINDS and n.inputs and all(not self.byname[i].quantized for i in n.inputs):
+                n.cpu, n.device = True, "CPU"
+                n.reason = "its inputs are computed in float on the CPU; data movement stays with them"
+        outs = {self.val[o] for o in self.fg.outputs}
+        for n in reversed(self.nodes):
+            cons = [c for c in self.nodes if n.name in c.inputs]
+            if n.kind in MOVE_KINDS and n.quantized and n.name not in outs and cons \
+                    and all(not c.quantized for c in cons):
+                n.cpu, n.device = True, "CPU"
+                n.reason = "all its consumers compute in float on the CPU; data movement stays with them"
 
     # ---- placement instead of failure ------------------------------------------------------------------
     def _snapshot(self):
@@ -377,6 +399,10 @@ class _Prep:
         self.add(QNode(node.name, "float", [x.name], self.shape(node.outputs[0]), attrs, sources=[node.name],
                        device="CPU", reason=f"{node.op_type.lower()} is not supported by the DPU"),
                  node.outputs[0])
+        m = self.silu_mul(node) if node.op_type == "Sigmoid" else None
+        if m is not None:       # SiLU stays whole on the CPU: x*sigmoid(x) in float, quantized once after it
+            self.cpu_node(m, "SiLU x*sigmoid(x): the DPU has no sigmoid, so the product stays with it on the CPU "
+                             "(--replace-silu hardswish puts an approximation on the DPU)")
 
     def _conv_geom(self, node: Node, x_shape, kh, kw) -> dict:
         a = node.attrs
@@ -552,6 +578,63 @@ class _Prep:
         if a is None:
             raise self.err(node, "only Clip(0, 6) (ReLU6) and Clip(0, inf) (ReLU) are supported")
         self._act_node(node, a[0], None)
+
+    def op_PRelu(self, node: Node) -> None:
+        """PReLU with constant slopes α (one per channel or one shared). All α ≥ 0: one `prelu` op (ALU exec_mode 1).
+        The ALU cannot take α < 0 (it picks the shift by the sign of x·α, spec §6.8 vs §7.7), so then the exact
+        identities x + relu((α−1)·x) (every α ≤ 1) or prelu(x, max(α,0)) + relu(min(α,0)·x) run as DPU ops:
+        a 1×1 depthwise conv with ReLU, an ELEW add (and the ALU prelu). Never fused into a conv (ISA1 has no
+        PReLU activation on CONV)."""
+        x = self.src(node, node.inputs[0])
+        k = self.const(node.inputs[1])
+        if k is None:
+            raise self.err(node, "the slope is not a constant")
+        rank = len(x.shape)
+        C = x.shape[1] if rank >= 2 else 1
+        alpha = _per_channel(k, C, rank)
+        if alpha is None or rank not in (2, 4):
+            raise self.err(node, f"slope of shape {list(np.shape(k))} on a {x.shape} tensor (one slope per channel "
+                                 f"or one shared, on an NCHW or [N, C] tensor)")
+        if not np.all(np.isfinite(alpha)):
+            raise self.err(node, "the slope is not finite")
+        out_t = node.outputs[0]
+        flat = rank == 2
+        if flat:                    # a dense layer's [N, C] output runs as [N, C, 1, 1]
+            x = self._prelu_4d(node, x)
+        s4, name = list(x.shape), node.name + ("_4d" if flat else "")
+        one = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "kernel": [1, 1], "alpha": None}
+        if np.all(alpha >= 0):
+            w = np.asarray(k, np.float32).reshape(-1) if np.size(k) == 1 else alpha
+            y = self.add(QNode(name, "prelu", [x.name], s4, {}, w.astype(np.float32), sources=[node.name]))
+        else:
+            if np.all(alpha <= 1):
+                pos, neg = x, alpha - 1.0
+            else:
+                pos = self.add(QNode(node.name + "_pos", "prelu", [x.name], s4, {}, np.maximum(alpha, 0),
+                                     sources=[node.name]))
+                neg = np.minimum(alpha, 0)
+            v = self.add(QNode(node.name + "_neg", "dwconv", [x.name], s4, dict(one),
+                               neg.reshape(C, 1, 1, 1).astype(np.float32), np.zeros(C, np.float32), "RELU",
+                               [node.name]))
+            y = self.add(QNode(name, "eltwise", [pos.name, v.name], s4, {"type": "ADD"}, sources=[node.name]))
+            self.notes.append(f"{node.name}: PReLU with negative slopes became {'x' if pos is x else 'prelu'} + "
+                              f"relu(dwconv 1x1) (the ALU takes slopes >= 0)")
+        if flat:
+            shp = self.shape(out_t)
+            self.add(QNode(node.name, "reshape", [y.name], shp, {"shape": shp}, sources=[node.name]), out_t)
+        else:
+            self.val[out_t] = y.name
+
+    def _prelu_4d(self, node: Node, x: QNode) -> QNode:
+        """The [N, C, 1, 1] form of PReLU input x ([N, C]): the conv a dense layer's reshape came from, when
+        nothing else reads that reshape, else a new reshape."""
+        n, c = x.shape
+        src = self.byname[x.inputs[0]] if x.kind == "reshape" and x.inputs else None
+        if src is not None and src.shape == [n, c, 1, 1] and src.quantized == x.quantized \
+                and len(self._cons.get(node.inputs[0], [])) == 1 and node.inputs[0] not in self.graph_outputs:
+            return src
+        return self.add(QNode(f"{node.name}_to4d", "reshape", [x.name], [n, c, 1, 1], {"shape": [n, c, 1, 1]},
+                              sources=[node.name]))
 
     def _eltwise(self, node: Node, typ: str) -> None:
         xs = [self.src(node, i) for i in node.inputs]
@@ -733,6 +816,40 @@ class _Prep:
                  node.outputs[0])
 
     op_Upsample = op_Resize
+
+    def op_Transpose(self, node: Node) -> None:
+        """A Transpose read only by a Flatten/Reshape to [N, K] that feeds only a Gemm/MatMul (PyTorch's
+        permute + view + Linear): the permutation goes into the dense weights, so the conv over the untransposed
+        NCHW tensor (`_dense`) computes the same thing. Any other Transpose is an error (the DPU has none)."""
+        x = self.src(node, node.inputs[0])
+        rank = len(x.shape)
+        perm = [int(p) % max(rank, 1) for p in node.attrs.get("perm", list(range(rank))[::-1])]
+        if perm == list(range(rank)):
+            self.val[node.outputs[0]] = x.name
+            return
+        f = self.only_consumer(node.outputs[0])
+        g = self.only_consumer(f.outputs[0]) if f is not None and f.op_type in ("Flatten", "Reshape") \
+            and f.inputs[0] == node.outputs[0] else None
+        K = int(np.prod(x.shape[1:])) if rank else 0
+        B = self.const(g.inputs[1]) if g is not None and len(g.inputs) > 1 else None
+        ok = rank == 4 and perm[0] == 0 and g is not None and g.inputs[0] == f.outputs[0] and B is not None \
+            and B.ndim == 2 and self.shape(f.outputs[0]) == [x.shape[0], K] and \
+            ((g.op_type == "Gemm" and not int(g.attrs.get("transA", 0))) or g.op_type == "MatMul")
+        if not ok:
+            raise self.err(node, f"Transpose {perm} of a {x.shape} tensor is not supported on the DPU (only one "
+                                 f"that feeds Flatten/Reshape + Gemm/MatMul, where it folds into the weights)")
+        tshape = [x.shape[p] for p in perm]
+        inv = np.argsort(perm)
+        # order[k] = the transposed-flatten position of the element at NCHW-flatten position k
+        order = np.arange(K).reshape(tshape[1:]).transpose([int(inv[j]) - 1 for j in (1, 2, 3)]).reshape(-1)
+        k_axis = 1 if g.op_type == "Gemm" and int(g.attrs.get("transB", 0)) else 0
+        if B.shape[k_axis] != K:
+            raise self.err(node, f"{g.op_type} weights {list(B.shape)} do not take {K} inputs")
+        name = f"{g.inputs[1]}__{node.name}_perm"
+        self.fg.consts[name] = np.ascontiguousarray(np.take(B, order, axis=k_axis))
+        g.inputs[1] = name
+        self.notes.append(f"{node.name}: Transpose {perm} before {f.op_type}+{g.op_type} folded into the weights")
+        self.val[node.outputs[0]] = x.name
 
     def _reshape(self, node: Node) -> None:
         x = self.src(node, node.inputs[0])

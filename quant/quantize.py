@@ -234,8 +234,9 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
 
     Shared positions: concat inputs and output, pool input and output, upsample and reshape in/out.
     Lowered (never raised) so nothing overflows: conv shift_cut = fp_in + fp_w - fp_out ≥ 0 (spec §7.2);
-    eltwise-add input spread ≤ cfg.eltwise_spread (§7.5); ELEW shift_write ≤ 15 (§7.5); hard-sigmoid output 7.
-    The shift limits are compiler.fixpoint's (conv_fp_out_max, elew_fp_out_max)."""
+    eltwise-add input spread ≤ cfg.eltwise_spread (§7.5); ELEW shift_write ≤ 15 (§7.5); hard-sigmoid output 7;
+    prelu shifts fp_in - fp_out and s + fp_in - fp_out ≥ -PRELU_SHIFT_MAX (§7.7). The shift limits are
+    compiler.fixpoint's (conv_fp_out_max, elew_fp_out_max)."""
     g = _Groups()
     q = {n.name: n for n in prep.nodes}
     for n in prep.nodes:
@@ -283,6 +284,9 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
             if n.kind in CONV_KINDS and n.inputs[0] in raw:
                 changed |= lower(n.name, F.conv_fp_out_max(get(n.inputs[0]), w_fp[n.name]),
                                  "shift_cut = fp_in + fp_w - fp_out must be >= 0")
+            if n.kind == "prelu" and n.inputs[0] in raw:
+                changed |= lower(n.name, get(n.inputs[0]) + min(0, w_fp.get(n.name, 0)) + F.PRELU_SHIFT_MAX,
+                                 f"prelu shifts fp_in - fp_out (+ s) >= -{F.PRELU_SHIFT_MAX} (ALU shift codes)")
             if n.kind == "eltwise" and n.attrs["type"] == "ADD" and len(n.inputs) > 1:
                 m = min(get(i) for i in n.inputs)
                 for i in n.inputs:
@@ -380,6 +384,7 @@ class QuantResult:
             if n.name in self.qp.w_fp:
                 tensors[n.name + "_weights"] = {"kind": "weights", "bit_width": 8,
                                                 "fix_point": int(self.qp.w_fp[n.name]), "round_mode": "PY3_ROUND"}
+            if n.name in self.qp.b_fp:                  # a PReLU's slopes have no bias
                 tensors[n.name + "_bias"] = {"kind": "bias", "bit_width": 8,
                                              "fix_point": int(self.qp.b_fp[n.name]), "round_mode": "PY3_ROUND"}
         return {"format": "opendpu.quant_info/1", "model": self.model_name,
@@ -529,7 +534,7 @@ def place_nodes(prep: Prepared, target) -> dict:
     for n, d in zip(prep.nodes, op_descs(prep)):
         p = place(d, target)
         out[n.name] = p
-        if n.kind != "float":
+        if n.kind != "float" and not n.cpu:
             n.device, n.reason = p.device, p.reason
             if p.device == "CPU" and n.kind not in ("input", "pad"):
                 n.cpu = True
@@ -539,10 +544,31 @@ def place_nodes(prep: Prepared, target) -> dict:
 
 
 def _weights(prep: Prepared, cfg: QuantConfig, qp: QParams) -> None:
+    """Weight fix points: conv-like ops by cfg.wmethod; PReLU slopes by maxmin, uncapped (the largest fix point at
+    which no slope clips: one shift serves every channel, a clipped slope errs on every negative value of its
+    channel, and each further bit halves the slopes' rounding error; `_prelu_slopes` applies the ALU's limit)."""
     for n in prep.nodes:
         if n.kind in CONV_KINDS and n.quantized:
             qp.w_fp[n.name] = C.weight_fix_point(n.weight, method=cfg.wmethod, bit_width=8,
                                                  round_mode=cfg.weight_round)
+        elif n.kind == "prelu" and n.quantized:
+            qp.w_fp[n.name] = C.weight_fix_point(n.weight, method="maxmin", bit_width=8,
+                                                 round_mode=cfg.weight_round, max_fp=None, name=n.name + "_weights")
+
+
+def _prelu_slopes(prep: Prepared, cfg: QuantConfig, qp: QParams, adjustments: list) -> None:
+    """int8 PReLU slopes at their fix point s, lowered when the ALU's negative-branch shift s + fp_in - fp_out
+    would exceed PRELU_SHIFT_MAX (spec §7.7)."""
+    for n in prep.nodes:
+        if n.kind != "prelu" or not n.quantized:
+            continue
+        s = qp.w_fp[n.name]
+        hi = F.PRELU_SHIFT_MAX - (qp.act_fp[n.inputs[0]] - qp.act_fp[n.name])
+        if s > hi:
+            adjustments.append({"tensor": n.name + "_weights", "from": s, "to": hi,
+                                "rule": f"prelu shift s + fp_in - fp_out <= {F.PRELU_SHIFT_MAX} (ALU shift_prelu_n)"})
+            s = qp.w_fp[n.name] = hi
+        qp.w_q[n.name] = C.quantize(n.weight, s, 8, cfg.weight_round)
 
 
 def quantize(model, calib, target=None, config: QuantConfig | None = None, quant_info: dict | str | None = None,
@@ -558,7 +584,7 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
             target = get_target(target)
         except TargetError as e:
             raise QuantError(f"target: {e}") from None
-    if model.__class__.__module__.startswith("torch"):
+    if any(c.__module__.startswith("torch") for c in type(model).__mro__):    # a torch.nn.Module (subclass)
         m = torch_to_onnx(model, example_input if example_input is not None else
                           np.zeros(input_shape or (1, 3, 224, 224), np.float32))
         source = type(model).__name__
@@ -602,6 +628,7 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
     qp.act_fp, adj = solve_fix_points(prep, raw, qp.w_fp, cfg, fixed=None)
     adjustments += adj
     quantize_conv_params(prep, cfg, qp, adjustments)
+    _prelu_slopes(prep, cfg, qp, adjustments)
     if qi is not None:
         for n, v in qi["b"].items():
             qp.b_fp[n] = v

@@ -279,6 +279,9 @@ class _ToVaiQ:
             a = self.emit(op.name, "leaky-relu", {"input": [x]}, Attrs([("alpha", alpha)]), self.coarse_tensor(t),
                           exact=True)
             return self.tail(op, a)
+        if typ == "PRELU":
+            raise self.err(op, "PReLU has no vai_q form here: the vai_q front end (compiler.frontend.from_vai_q) "
+                               "reads no prelu back; write the xir format instead")
         raise self.err(op, f"eltwise type {typ} with {len(xs)} input(s) and attributes {sorted(op.attrs)} has no "
                            f"vai_q form")
 

@@ -42,6 +42,8 @@ def xir_weights(n: QNode, q: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(q.transpose(1, 2, 3, 0))
     if n.kind == "tconv":
         return np.ascontiguousarray(q[:, :, ::-1, ::-1].transpose(1, 2, 3, 0))
+    if n.kind == "prelu":                   # slopes: one per channel (the NHWC last axis) or one shared
+        return np.ascontiguousarray(q.reshape(-1))
     raise ValueError(n.kind)
 
 
@@ -153,6 +155,9 @@ class _Builder:
                     float_tensor(main, shape))
         elif k == "hsigmoid":
             self.op(main, "hard-sigmoid", {"input": ins}, {}, float_tensor(main, shape))
+        elif k == "prelu":
+            w = self.fconst(f"{n.name}_slope", xir_weights(n, n.weight))
+            self.op(main, "prelu", {"input": ins, "weight": [w]}, {}, float_tensor(main, shape))
         elif k == "reshape":
             self.op(main, "reshape", {"input": ins}, {"shape": shape}, float_tensor(main, shape))
         elif k == "slice":
@@ -236,6 +241,14 @@ class _Builder:
                  "half_pixel_centers": False}, self.out_tensor(n))
         self.fixed[n.name] = n.name
 
+    def k_prelu(self, n: QNode):
+        """eltwise-fix PRELU (ALU exec_mode 1, spec §7.7): int8 slopes as a const-fix input, their fix point as
+        prelu_shift; y = x < 0 ? x·slope : x, rescaled from the input's fix point to the output's."""
+        s = self.const(f"{n.name}_slope", xir_weights(n, self.qp.w_q[n.name]), self.qp.w_fp[n.name])
+        self.op(n.name, "eltwise-fix", {"input": [self.fixed_of(n.inputs[0]), s]},
+                {"type": "PRELU", "prelu_shift": int(self.qp.w_fp[n.name])}, self.out_tensor(n))
+        self.fixed[n.name] = n.name
+
     def k_hsigmoid(self, n: QNode):
         fin = self.qp.act_fp[n.inputs[0]]
         fout = self.qp.act_fp[n.name]
@@ -266,9 +279,10 @@ class _Builder:
         transposed NHWC -> NCHW on the way in and back on the way out."""
         a = n.attrs
         ins, names = [], {}
+        same = _pointwise(n, self.prep)       # elementwise on equal shapes: any layout will do, no transposes
         for q in n.inputs:
             f = self.float_of(q)
-            if len(self.g.ops[f].output.shape) == 4:
+            if len(self.g.ops[f].output.shape) == 4 and not same:
                 t = f"{n.name}_{q}_nchw"
                 self.op(t, "transpose", {"input": [f]}, {"order": [0, 3, 1, 2]},
                         float_tensor(t, self.prep.node(q).shape))
@@ -276,10 +290,10 @@ class _Builder:
             names[q] = f"x{len(ins)}"
             ins.append(f)
         model = onnx_node_model(n, names, *opset_of(self.prep))
-        main = n.name if len(n.shape) != 4 else n.name + "_nchw"
+        main = n.name if len(n.shape) != 4 or same else n.name + "_nchw"
         self.op(main, "onnx-op", {"input": ins}, {"device": "CPU", "onnx_op_type": a["op_type"],
                                                   "onnx_model": model, "output_index": int(a["out_index"])},
-                float_tensor(main, n.shape))
+                float_tensor(main, nhwc(n.shape) if same else n.shape))
         if main != n.name:
             self.op(n.name, "transpose", {"input": [main]}, {"order": [0, 2, 3, 1]},
                     float_tensor(n.name, nhwc(n.shape)))
@@ -296,6 +310,20 @@ class _Builder:
         self.op(n.name, n.attrs["xir_type"], {"input": [self.float_of(i) for i in n.inputs]}, attrs,
                 float_tensor(n.name, nhwc(n.shape)))
         self.floated[n.name] = n.name
+
+
+POINTWISE = frozenset(("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Sigmoid", "Tanh", "Exp",
+                       "Log", "Abs", "Neg", "Sqrt", "Reciprocal", "Erf", "Relu", "LeakyRelu", "Elu", "Selu", "Celu",
+                       "Gelu", "Mish", "Softplus", "Softsign", "HardSigmoid", "HardSwish", "Clip", "Floor", "Ceil",
+                       "Round", "Sign", "Sin", "Cos", "ThresholdedRelu"))
+
+
+def _pointwise(n: QNode, prep: Prepared) -> bool:
+    """An elementwise ONNX op whose feature maps all have the output's shape and whose constants are scalars: it
+    computes the same in NHWC, so it needs no layout transposes."""
+    a = n.attrs
+    return a["op_type"] in POINTWISE and all(prep.node(q).shape == n.shape for q in n.inputs) and \
+        all(np.size(v) == 1 for w, v in a["in_spec"] if w == "const")
 
 
 def onnx_node_model(n: QNode, names: dict[str, str], opset: int, ir_version: int) -> bytes:

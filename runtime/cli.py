@@ -696,8 +696,8 @@ def cmd_quantize(a) -> int:
     check_dir(a.output, force=a.force, inputs=ins, what="output directory (-o)")
     cfg = QuantConfig(method=a.method, weight_method=a.weight_method, statistic=a.statistic,
                       percentile=a.percentile, batch_size=a.batch_size, calib_limit=a.calib_limit,
-                      replace_sigmoid=a.replace_sigmoid, bias_corr=a.bias_corr, fast_finetune=a.fast_finetune,
-                      seed=a.seed)
+                      replace_sigmoid=a.replace_sigmoid, replace_silu=a.replace_silu, bias_corr=a.bias_corr,
+                      fast_finetune=a.fast_finetune, seed=a.seed)
     shape = _onnx_input_shape(a.model, a.input_shape or _calib_shape(a.model, a.calib))
     x = calib_arrays(a.calib, shape, cfg.calib_limit)      # checked before any work; errors name the file
     ev_data = None
@@ -890,7 +890,9 @@ def cmd_build(a) -> int:
     # the three verbs' own arguments, checked before any work; their paths are set inside the output below
     q = _verb_args(["quantize", a.model, "--calib", a.calib, "--target", a.target, "-o", "quantized",
                     "--seed", str(a.seed)] + (["--method", a.method] if a.method else [])
-                   + (["--input-shape", ",".join(map(str, a.input_shape))] if a.input_shape else []))
+                   + (["--input-shape", ",".join(map(str, a.input_shape))] if a.input_shape else [])
+                   + (["--replace-silu", a.replace_silu] if a.replace_silu else [])
+                   + (["--fast-finetune"] if a.fast_finetune else []))
     c = _verb_args(["compile", "-x", "quantized.xmodel", "--target", a.target, "-o", "compiled", "-n", name]
                    + (["--options", a.options] if a.options is not None else []))
     k = _verb_args(["check", f"{name}.xmodel", "-n", str(a.check_n), "--seed", str(a.seed)])
@@ -1131,6 +1133,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--batch-size", type=int_range(1, 65536), default=8)
     q.add_argument("--calib-limit", type=int_range(1), help="use at most N calibration samples")
     q.add_argument("--replace-sigmoid", action="store_true", help="sigmoid -> hard-sigmoid")
+    q.add_argument("--replace-silu", choices=("hardswish",), help="SiLU x*sigmoid(x) -> hard-swish, on the DPU (an "
+                   "approximation: compare the accuracy with and without it); by default sigmoid stays on the CPU")
     q.add_argument("--bias-corr", action="store_true", help="bias correction")
     q.add_argument("--fast-finetune", action="store_true", help="layer-wise AdaQuant-style fast finetune")
     q.add_argument("--evaluate", help="dataset (.npz with x and optional labels y): float vs quantized")
@@ -1186,6 +1190,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                                            "file stem)")
     b.add_argument("--options", metavar="JSON", help="vai_c options for the compile step")
     b.add_argument("--method", help="activation calibration method (as for quantize; default: quantize's)")
+    b.add_argument("--replace-silu", choices=("hardswish",), help="as for quantize: SiLU -> hard-swish on the DPU")
+    b.add_argument("--fast-finetune", action="store_true", help="as for quantize")
     b.add_argument("--check-n", type=int_range(1, 100000), default=2, help="random inputs per DPU subgraph for the "
                                                                           "check")
     b.add_argument("--seed", type=SEED, default=0)

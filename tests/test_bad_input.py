@@ -219,8 +219,6 @@ HOSTILE_ONNX = {
                        ["unsorted_nodes.onnx"]),
     "unknown_op": (lambda m: setattr(_onnx_node(m, "/features/features.2/Relu"), "op_type", "NoSuchOp"),
                    ["NoSuchOp"]),
-    "unsupported_op": (lambda m: setattr(_onnx_node(m, "/features/features.2/Relu"), "op_type", "Softsign"),
-                       ["Softsign"]),
     "old_opset_bad": (lambda m: setattr(m.opset_import[0], "version", 7), ["old_opset_bad.onnx"]),
 }
 

@@ -13,8 +13,8 @@ d*(k-1)-pad per side and run a stride-1 conv with the same, unflipped OHWI weigh
 
 Registered op types: conv2d, depthwise-conv2d, transposed-conv2d, transposed-depthwise-conv2d
 (alias depthwise-transposed-conv2d), maxpool2d, avgpool2d, pool (attr ``type`` MAX/AVG), add,
-sub, mul, div, concat, upsample, resize, hard-sigmoid, hard-swish, tanh, exp, clamp, and onnx-op (an ONNX node
-kept as it is by the quantizer, run by onnx's reference evaluator).
+sub, mul, div, concat, upsample, resize, hard-sigmoid, hard-swish, prelu, tanh, exp, clamp, and onnx-op (an
+ONNX node kept as it is by the quantizer, run by onnx's reference evaluator).
 
 avgpool2d divisor (as VART's cpu-runner): ``count_include_pad`` (default true) counts the
 attribute padding; ``count_include_invalid`` (default true, XIR's default) also counts window
@@ -372,6 +372,17 @@ def _op_hard_swish(ctx: _Ctx) -> np.ndarray:
     return _unary(ctx, lambda x: x * _hsigmoid(x))
 
 
+@_register("prelu")
+def _op_prelu(ctx: _Ctx) -> np.ndarray:
+    """XIR prelu: x < 0 ? x·weight[c] : x, with weight one value per channel (the last, NHWC axis) or one shared."""
+    ctx.need_inputs(2, 2)
+    x, w = _fin(ctx, 0), _fin(ctx, 1, "weight").reshape(-1)
+    c = x.shape[-1] if x.ndim else 1
+    if w.size not in (1, c):
+        raise ctx.error(f"weight of {w.size} values for {c} channels (one per channel or one shared)")
+    return _f32(np.where(x < 0, x * (w if w.size == 1 else w.reshape((1,) * (x.ndim - 1) + (c,))), x))
+
+
 @_register("tanh")
 def _op_tanh(ctx: _Ctx) -> np.ndarray:
     return _unary(ctx, np.tanh)
@@ -511,7 +522,7 @@ def _op_onnx(ctx: _Ctx) -> np.ndarray:
     feeds = {n: np.asarray(v, np.float32) for n, v in zip(names, ctx.inputs)}
     k = int(ctx.attrs.get("output_index", 0))
     try:
-        outs = ev.run(None, feeds)
+        outs = list(ev.run(None, feeds))
     except Exception as e:
         raise ctx.error(f"{' '.join(str(e).split())[:200]}") from None
     if not 0 <= k < len(outs):
@@ -523,4 +534,4 @@ def _op_onnx(ctx: _Ctx) -> np.ndarray:
 FLOAT_OPS: frozenset[str] = frozenset(("onnx-op",
     "conv2d", "depthwise-conv2d", "transposed-conv2d", "transposed-depthwise-conv2d",
     "depthwise-transposed-conv2d", "maxpool2d", "avgpool2d", "pool", "add", "sub", "mul", "div",
-    "concat", "upsample", "resize", "hard-sigmoid", "hard-swish", "tanh", "exp", "clamp"))
+    "concat", "upsample", "resize", "hard-sigmoid", "hard-swish", "prelu", "tanh", "exp", "clamp"))
