@@ -192,8 +192,10 @@ def _fit_window(ctx: _Ctx, x: np.ndarray, out_hw, kernel_hw, stride_hw, dil_hw, 
     # ceil-mode / output padding and reads `value`)
     bottom = need_h - (top + H)
     right = need_w - (left + W)
-    if top + H + bottom <= 0 or left + W + right <= 0 or top >= need_h or left >= need_w:
-        raise ctx.error("padding leaves no input inside the windows")
+    if top >= need_h or left >= need_w or top + H <= 0 or left + W <= 0:
+        # no window touches the input (e.g. a pad of a kernel or more on a 1x1 map): every window sees only
+        # `value`, as ONNX and the DPU's zero padding define it (a conv gives its bias)
+        return np.full((x.shape[0], need_h, need_w, x.shape[3]), value, dtype=x.dtype)
     return _pad_hw(x, top, bottom, left, right, value)
 
 
