@@ -912,6 +912,9 @@ def place(op: OpDesc, target: Target) -> Placement:
         return Placement("DPU", "load/save", "constant (weights/bias, loaded by LOAD)")
     if t in ("upload", "download"):
         return _dpu("load/save", f"{t}: host <-> DPU boundary, no instructions")
+    if t == "onnx-op":          # an ONNX node the quantizer kept in float: its own reason
+        why = str(op.attrs.get("cpu_reason") or "it has no DPU form")
+        return Placement("CPU", "", f"ONNX {op.attrs.get('onnx_op_type', '?')}: {why}")
     rule = _RULES.get(t)
     if rule is None:
         return Placement("CPU", "", f"{t} is not supported by the DPU (DPUCZDX8G ISA1 has no {t} engine)",

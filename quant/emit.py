@@ -152,6 +152,16 @@ class _Emitter:
         self.nodes.append(self.h.make_node(a["op_type"], args, outs, name=self.uid(n.name), **a.get("onnx_attrs", {})))
         return raw
 
+    def pool_pads(self, t: str, pads: list[int], kernel, value: float, name: str) -> tuple[str, list[int]]:
+        """(input, pads) for a pool or its depthwise form: pads that reach a whole kernel (which onnxruntime
+        refuses) become an explicit Pad with `value` (the DPU's zero or -128 padding) before it."""
+        if all(p < k for p, k in zip(pads, list(kernel) * 2)):
+            return t, list(pads)
+        tt, ll, bb, rr = pads
+        cv = self.const(np.array(value, np.float32), name + ".pad_value")
+        pv = self.const(np.array([0, 0, tt, ll, 0, 0, bb, rr], np.int64), name + ".pads")
+        return self.node("Pad", [t, pv, cv], None, mode="constant"), [0, 0, 0, 0]
+
     def emit_node(self, n: QNode, ins: list[str]) -> str:
         raw = n.name if (self.mode == "float" or n.name not in self.qp.act_fp or not n.quantized) else n.name + "__raw"
         k = n.kind
@@ -176,21 +186,24 @@ class _Emitter:
             if a["type"] == "MAX":
                 if a.get("global"):
                     return self.node("GlobalMaxPool", ins, raw, name=n.name)
-                return self.node("MaxPool", ins, raw, name=n.name, kernel_shape=list(a["kernel"]),
-                                 strides=list(a["strides"]), pads=ceil_extra_pads(n, src_shape))
+                t, pads = self.pool_pads(ins[0], ceil_extra_pads(n, src_shape), a["kernel"], -3.0e38, n.name)
+                return self.node("MaxPool", [t], raw, name=n.name, kernel_shape=list(a["kernel"]),
+                                 strides=list(a["strides"]), pads=pads)
             if self.mode == "float" or not n.quantized:
                 if a.get("global"):
                     return self.node("GlobalAveragePool", ins, raw, name=n.name)
-                return self.node("AveragePool", ins, raw, name=n.name, kernel_shape=list(a["kernel"]),
-                                 strides=list(a["strides"]), pads=list(a["pads"]),
+                t, pads = self.pool_pads(ins[0], list(a["pads"]), a["kernel"], 0.0, n.name)
+                return self.node("AveragePool", [t], raw, name=n.name, kernel_shape=list(a["kernel"]),
+                                 strides=list(a["strides"]), pads=pads,
                                  count_include_pad=int(a.get("count_include_pad", 1)),
                                  ceil_mode=int(a.get("ceil_mode", 0)))
             # the DPU's average: window sum times N/2^M (ALU multi_factor N; spec §7.4), as a depthwise conv
             kh, kw, N, M = avg_geometry(n)
             C = src_shape[1]
             w = np.full((C, 1, kh, kw), N / 2.0 ** M, np.float32)
-            pads = [0, 0, 0, 0] if a.get("global") else ceil_extra_pads(n, src_shape)
-            return self.node("Conv", [ins[0], self.const(w, n.name + ".avg_factor")], raw, name=n.name,
+            t, pads = (ins[0], [0, 0, 0, 0]) if a.get("global") else \
+                self.pool_pads(ins[0], ceil_extra_pads(n, src_shape), (kh, kw), 0.0, n.name)
+            return self.node("Conv", [t, self.const(w, n.name + ".avg_factor")], raw, name=n.name,
                              kernel_shape=[kh, kw], strides=list(a["strides"]), pads=pads, group=C)
         if k in ("eltwise", "act"):
             if k == "act":
@@ -310,7 +323,8 @@ def value_name(prep: Prepared, name: str, mode: str) -> str:
 
 
 def session(model, threads: int | None = None):
-    """An onnxruntime session for an in-memory model (graph optimisations on, CPU)."""
+    """An onnxruntime session for an in-memory model (graph optimisations on, CPU; but PadFusion, which would fold
+    the explicit Pad of `pool_pads` back into a pool whose pad then reaches the kernel, which it refuses)."""
     import onnxruntime as ort
     from opendpu.quant.onnx_in import QuantError
     so = ort.SessionOptions()
@@ -318,7 +332,8 @@ def session(model, threads: int | None = None):
     if threads:
         so.intra_op_num_threads = threads
     try:
-        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=["Pad_Fusion"])
     except Exception as e:      # onnxruntime raises its own exception types
         raise QuantError(f"onnxruntime cannot load the model {model.graph.name!r}: {str(e).splitlines()[0][:300]}") \
             from None

@@ -17,6 +17,11 @@ class QuantError(OpenDpuError, ValueError):
     """Bad quantizer input or an unsupported model; the message names the file, op or tensor."""
 
 
+class ModelError(QuantError):
+    """A model that is wrong or ambiguous as ONNX itself: an error even where an unsupported form would go to the
+    CPU (running it there would not help)."""
+
+
 @dataclass
 class Node:
     name: str

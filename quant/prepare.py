@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from opendpu.compiler.fixpoint import LEAKY_ALPHA as _FIXPOINT_LEAKY
-from opendpu.quant.onnx_in import FGraph, Node, QuantError
+from opendpu.quant.onnx_in import FGraph, ModelError, Node, QuantError
 
 LEAKY_ALPHA = float(_FIXPOINT_LEAKY)   # 26/256, the DPU's only LeakyReLU slope (UG1414; spec §7.2)
 FLOAT_OPS = {"Softmax": "softmax", "Sigmoid": "sigmoid", "Tanh": "tanh"}
@@ -273,6 +273,8 @@ class _Prep:
             self.mark(node)
             try:
                 h(node)
+            except ModelError:
+                raise
             except QuantError as e:         # a form the DPU lacks: the op stays float on the CPU, with the reason
                 self._restore(snap)
                 self.cpu_node(node, _reason(str(e), node), e)
@@ -743,12 +745,24 @@ class _Prep:
                 raise self.err(node, "dilated pooling is not supported")
             geo["global"] = False
             geo["ceil_mode"] = int(a.get("ceil_mode", 0))
+            if geo["ceil_mode"]:
+                for d, n_in in ((0, x.shape[2]), (1, x.shape[3])):
+                    lo, hi, kk, s = geo["pads"][d], geo["pads"][d + 2], k[d], geo["strides"][d]
+                    out = -(-(n_in + lo + hi - kk) // s) + 1
+                    if (out - 1) * s >= n_in + lo:
+                        raise ModelError(f"{self.fg.source}: op {node.name!r} ({node.op_type}): its last ceil_mode "
+                                         f"window starts in the trailing padding, where ONNX shape inference and "
+                                         f"onnxruntime disagree on the output size; re-export with a smaller pad or "
+                                         f"ceil_mode=0")
             if typ == "AVG":
                 geo["count_include_pad"] = int(a.get("count_include_pad", 0))
                 if not geo["count_include_pad"] and any(geo["pads"]):
                     raise self.err(node, "AveragePool with padding and count_include_pad=0 is not supported; the DPU "
                                          "divides by the full window")
-                x = self.absorb_pad(x, geo)
+                x2 = self.absorb_pad(x, geo)
+                if x2 is not x:         # the folded Pad's zeros are real values: they count in the average
+                    geo["count_include_pad"] = 1
+                x = x2
         geo["type"] = typ
         self.add(QNode(node.name, "pool", [x.name], self.shape(node.outputs[0]), geo, sources=[node.name]),
                  node.outputs[0])

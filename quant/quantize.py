@@ -276,11 +276,8 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
         for n in prep.nodes:
             if n.name not in raw or not n.quantized:
                 continue
-            if n.kind == "hsigmoid" and get(n.name) != HSIG_OUT_FP:
-                adjustments.append({"tensor": n.name, "from": get(n.name), "to": HSIG_OUT_FP,
-                                    "rule": "hard-sigmoid output fix point 7"})
-                fp[g.find(n.name)] = HSIG_OUT_FP
-                changed = True
+            if n.kind == "hsigmoid":        # at most 7 ([0, 1]); lower is fine (a larger shift_hsigmoid), so the
+                changed |= lower(n.name, HSIG_OUT_FP, "hard-sigmoid output fix point <= 7")   # rule only lowers
             if n.kind in CONV_KINDS and n.inputs[0] in raw:
                 changed |= lower(n.name, F.conv_fp_out_max(get(n.inputs[0]), w_fp[n.name]),
                                  "shift_cut = fp_in + fp_w - fp_out must be >= 0")
@@ -629,6 +626,7 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
     adjustments += adj
     quantize_conv_params(prep, cfg, qp, adjustments)
     _prelu_slopes(prep, cfg, qp, adjustments)
+    _check_fp_range(prep, qp, observers)
     if qi is not None:
         for n, v in qi["b"].items():
             qp.b_fp[n] = v
@@ -642,6 +640,21 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
         timings["fast_finetune"] = time.perf_counter() - t3
     timings["total"] = time.perf_counter() - t0
     return res
+
+
+FP_LIMIT = 64          # XIR's fix_point range (-64..64, the xmodel writer's check)
+
+
+def _check_fp_range(prep: Prepared, qp: QParams, observers: dict) -> None:
+    """A float range no 8-bit fix point covers (|x| ~ 2^70) is refused here, naming the tensor, instead of
+    failing later on a derived constant."""
+    for kind, table in (("activation", qp.act_fp), ("weight", qp.w_fp), ("bias", qp.b_fp)):
+        for name, v in table.items():
+            if not -FP_LIMIT <= v <= FP_LIMIT:
+                o = observers.get(name)
+                rng = f" (|values| up to {o.absmax:.3g})" if o is not None and o.batches else ""
+                raise QuantError(f"TENSOR_VALUE_INVALID: {kind} tensor {name!r}{rng} needs fix point {v}, outside "
+                                 f"-{FP_LIMIT}..{FP_LIMIT}: its range cannot be quantized to 8 bits")
 
 
 def _model_name(m, source: str) -> str:

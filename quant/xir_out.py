@@ -291,7 +291,7 @@ class _Builder:
             ins.append(f)
         model = onnx_node_model(n, names, *opset_of(self.prep))
         main = n.name if len(n.shape) != 4 or same else n.name + "_nchw"
-        self.op(main, "onnx-op", {"input": ins}, {"device": "CPU", "onnx_op_type": a["op_type"],
+        self.op(main, "onnx-op", {"input": ins}, {"device": "CPU", "onnx_op_type": a["op_type"], "cpu_reason": n.reason,
                                                   "onnx_model": model, "output_index": int(a["out_index"])},
                 float_tensor(main, nhwc(n.shape) if same else n.shape))
         if main != n.name:
