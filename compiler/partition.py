@@ -347,6 +347,11 @@ def op_macs(d: OpDesc) -> int:
     t = _base_type(d.type)
     out = [int(v) for v in d.out_shape or []]
     x = [int(v) for v in d.in_shapes[0]] if d.in_shapes and d.in_shapes[0] else []
+    if t == "onnx-op":              # an ONNX node kept on the CPU: the quantizer counted its MACs
+        try:
+            return max(0, int(d.attrs.get("macs", 0) or 0))
+        except (TypeError, ValueError):
+            return 0
     if not out:
         return 0
     kh, kw = _kernel_hw(d)
@@ -376,7 +381,7 @@ def coverage_of(rows) -> dict:
     macs_total = macs_dpu = ops_total = ops_dpu = 0
     cpu = []
     for d, device, reason in rows:
-        if _base_type(d.type) in PSEUDO_TYPES:
+        if _base_type(d.type) in PSEUDO_TYPES or d.attrs.get("layout_only"):   # NCHW<->NHWC around a CPU op
             continue
         m = op_macs(d)
         ops_total += 1

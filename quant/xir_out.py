@@ -284,7 +284,7 @@ class _Builder:
             f = self.float_of(q)
             if len(self.g.ops[f].output.shape) == 4 and not same:
                 t = f"{n.name}_{q}_nchw"
-                self.op(t, "transpose", {"input": [f]}, {"order": [0, 3, 1, 2]},
+                self.op(t, "transpose", {"input": [f]}, {"order": [0, 3, 1, 2], "layout_only": True},
                         float_tensor(t, self.prep.node(q).shape))
                 f = t
             names[q] = f"x{len(ins)}"
@@ -292,10 +292,11 @@ class _Builder:
         model = onnx_node_model(n, names, *opset_of(self.prep))
         main = n.name if len(n.shape) != 4 or same else n.name + "_nchw"
         self.op(main, "onnx-op", {"input": ins}, {"device": "CPU", "onnx_op_type": a["op_type"], "cpu_reason": n.reason,
-                                                  "onnx_model": model, "output_index": int(a["out_index"])},
+                                                  "onnx_model": model, "output_index": int(a["out_index"]),
+                                                  "macs": onnx_macs(n, self.prep)},
                 float_tensor(main, nhwc(n.shape) if same else n.shape))
         if main != n.name:
-            self.op(n.name, "transpose", {"input": [main]}, {"order": [0, 2, 3, 1]},
+            self.op(n.name, "transpose", {"input": [main]}, {"order": [0, 2, 3, 1], "layout_only": True},
                     float_tensor(n.name, nhwc(n.shape)))
         self.floated[n.name] = n.name
 
@@ -324,6 +325,28 @@ def _pointwise(n: QNode, prep: Prepared) -> bool:
     a = n.attrs
     return a["op_type"] in POINTWISE and all(prep.node(q).shape == n.shape for q in n.inputs) and \
         all(np.size(v) == 1 for w, v in a["in_spec"] if w == "const")
+
+
+def onnx_macs(n: QNode, prep: Prepared) -> int:
+    """Multiply-accumulates of a generic (CPU) ONNX node, for the DPU coverage: Conv out·(Cin/group)·kh·kw,
+    ConvTranspose in·(Cout/group)·kh·kw, Gemm / MatMul out·K; 0 for others."""
+    a, t = n.attrs, n.attrs["op_type"]
+    consts = [v for w, v in a["in_spec"] if w == "const"]
+    out = int(np.prod(n.shape))
+    if t in ("Conv", "ConvTranspose") and consts:
+        w = np.shape(consts[0])
+        if len(w) < 3:
+            return 0
+        k = int(np.prod(w[2:]))
+        if t == "Conv":
+            return out * int(w[1]) * k
+        return int(np.prod(prep.node(n.inputs[0]).shape)) * int(w[1]) * k if n.inputs else 0
+    if t in ("Gemm", "MatMul") and consts and n.shape:
+        w = np.shape(consts[0])
+        if len(w) == 2:
+            trans = t == "Gemm" and int(a.get("onnx_attrs", {}).get("transB", 0))
+            return out * int(w[1] if trans else w[0])
+    return 0
 
 
 def onnx_node_model(n: QNode, names: dict[str, str], opset: int, ir_version: int) -> bytes:

@@ -178,12 +178,12 @@ def _nchw(dims) -> list[int]:
 
 def _layout_fn(dpu_dims, onnx_shape):
     """A function taking an xmodel output (its dims) to the ONNX output's shape, or None when they differ: equal,
-    NHWC -> NCHW, or equal up to size-1 dimensions."""
+    NHWC -> NCHW (first: a 4-D xmodel tensor is NHWC, also when C == H == W), or equal up to size-1 dimensions."""
     d, o = tuple(int(v) for v in dpu_dims), tuple(int(v) for v in onnx_shape)
-    if d == o:
-        return lambda v: v
     if len(d) == 4 and len(o) == 4 and (d[0], d[3], d[1], d[2]) == o:
         return lambda v: np.transpose(v, (0, 3, 1, 2))
+    if d == o:
+        return lambda v: v
     if [v for v in d if v != 1] == [v for v in o if v != 1]:
         return lambda v: np.reshape(v, o)
     return None

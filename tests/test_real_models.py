@@ -251,3 +251,32 @@ def test_nudenet_320n_end_to_end(tmp_path, capsys, variant):
           f"ops; detections {res['metric']}")
     assert res["metric"]["float_detections"] >= 10
     assert agree >= (0.85 if variant == "silu_cpu" else 0.5), res["metric"]
+
+
+def test_coverage_counts_macs_of_ops_kept_on_the_cpu(tmp_path, capsys):
+    """A grouped conv (group 2: neither group 1 nor depthwise) stays on the CPU as its ONNX node; the coverage still
+    counts its MACs: conv 3→8 3×3 on 8×8 = 8·8·8·3·9 = 13824 on the DPU, grouped 8→8 = 8·8·8·4·9 = 18432 on the
+    CPU, so 13824 / 32256 = 42.86 % of MACs on the DPU."""
+    rng = np.random.default_rng(4)
+    w1 = rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (8, 4, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["y"], pads=[1, 1, 1, 1], group=2, name="grouped")]
+    g = helper.make_graph(nodes, "grouped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+                          [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    p = tmp_path / "grouped.onnx"
+    onnx.save(m, p)
+    np.save(tmp_path / "calib.npy", rng.uniform(-1, 1, (16, 3, 8, 8)).astype(np.float32))
+    out = _build(tmp_path, p)
+    cov = json.load(open(out / "compiled" / "meta.json"))["coverage"]
+    assert (cov["macs_total"], cov["macs_dpu"]) == (32256, 13824)
+    assert cov["macs_dpu_pct"] == pytest.approx(42.857, abs=0.01)
+    cpu = _cpu_ops(out)
+    assert list(cpu) == ["grouped_nchw"] and "group 2" in cpu["grouped_nchw"], cpu     # layout transposes not counted
+    np.save(tmp_path / "eval.npy", rng.uniform(-1, 1, (8, 3, 8, 8)).astype(np.float32))
+    res = compare(str(p), str(out), str(tmp_path / "eval.npy"), task="raw")
+    assert res["outputs"][0]["sqnr_db"] > 25, res["outputs"]
