@@ -7,7 +7,7 @@ import os
 from opendpu.compiler.fixpoint import LEAKY_ALPHA
 from opendpu.quant.onnx_in import QuantError, load_onnx, to_fgraph
 from opendpu.quant.prepare import Prepared, prepare
-from opendpu.quant.xir_out import NHWC_AXIS, act_attrs, geom_attrs, nhwc, xir_weights
+from opendpu.quant.xir_out import NHWC_AXIS, act_attrs, geom_attrs, nhwc, onnx_macs, xir_weights
 
 _XIR_TYPE = {"input": "data", "conv": "conv2d", "dwconv": "depthwise-conv2d", "tconv": "transposed-conv2d",
              "pool": "pool", "eltwise": "eltwise", "concat": "concat", "upsample": "upsample",
@@ -53,6 +53,8 @@ def op_descs(prep: Prepared) -> list:
             attrs["mode"] = "NEAREST"
             sh, sw = a["scales"]
             attrs["scale"] = [sw, sh]
+        if n.kind == "float" and a.get("generic"):     # an ONNX node kept on the CPU: its type, reason and MACs
+            attrs.update(onnx_op_type=a["op_type"], cpu_reason=n.reason, macs=onnx_macs(n, prep))
         if n.kind == "act" and n.act == "LEAKYRELU":
             attrs["alpha"] = float(a.get("alpha") or LEAKY_ALPHA)
         typ = _ACT_TYPE[n.act] if n.kind == "act" else (_float_type(n) if n.kind == "float" else _XIR_TYPE[n.kind])

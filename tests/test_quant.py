@@ -368,9 +368,25 @@ def test_bias_correction_and_fast_finetune():
     ft = quantize(m, x, config=QuantConfig(fast_finetune=True, finetune_iters=60, seed=1))
     assert all(r["mse_tuned"] < r["mse_ptq"] for r in ft.finetune_log if r["kept"])
     assert any(r["kept"] for r in ft.finetune_log)
+    assert ft.finetune_sqnr["after_db"] >= ft.finetune_sqnr["before_db"] and not ft.finetune_sqnr["reverted"]
     ft2 = quantize(m, x, config=QuantConfig(fast_finetune=True, finetune_iters=60, seed=1))
     assert ft.xmodel().serialize() == ft2.xmodel().serialize()          # seedable, deterministic
     g = ft.golden(x[:1])
     vals = ref_run(ft, x[:1]).values
     for name, v in g.items():
         np.testing.assert_array_equal(vals[name].reshape(v.shape), v, err_msg=name)
+
+
+def test_fast_finetune_reverts_when_the_model_gets_worse(monkeypatch):
+    """Layer-wise gains that lower the whole model's output SQNR are undone: every weight and bias, and so the
+    xmodel, are PTQ's again (forced here by reporting a lower SQNR after tuning)."""
+    from opendpu.quant import finetune as FT
+    m, x = rich_model(), calib(32)
+    plain = quantize(m, x)
+    calls = iter([30.0, 20.0])
+    monkeypatch.setattr(FT, "_output_sqnr", lambda ref, test: next(calls))
+    ft = quantize(m, x, config=QuantConfig(fast_finetune=True, finetune_iters=60, seed=1))
+    assert ft.finetune_sqnr == {"before_db": 30.0, "after_db": 20.0, "reverted": True}
+    assert not any(r["kept"] for r in ft.finetune_log)
+    assert any("reverted" in n for n in ft.notes)
+    assert ft.xmodel().serialize() == plain.xmodel().serialize()
