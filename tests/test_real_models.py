@@ -280,3 +280,48 @@ def test_coverage_counts_macs_of_ops_kept_on_the_cpu(tmp_path, capsys):
     np.save(tmp_path / "eval.npy", rng.uniform(-1, 1, (8, 3, 8, 8)).astype(np.float32))
     res = compare(str(p), str(out), str(tmp_path / "eval.npy"), task="raw")
     assert res["outputs"][0]["sqnr_db"] > 25, res["outputs"]
+
+
+def test_pytorch_opset11_export_idioms(tmp_path, capsys):
+    """A PyTorch module exported at opset 11 (converted to 13 on load): ReLU6 as Clip with min/max inputs,
+    nearest Upsample as Resize with scales, hardswish, PReLU, avgpool + flatten + Linear. It builds, every DPU
+    program equals the reference, and the outputs match the float model (SQNR > 20 dB)."""
+    torch = pytest.importorskip("torch")
+    from opendpu.quant.onnx_in import torch_to_onnx
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+            self.pr = torch.nn.PReLU(8, init=0.2)
+            self.fc = torch.nn.Linear(8 * 4 * 4, 10)
+
+        def forward(self, x):
+            y = torch.nn.functional.relu6(self.c1(x))
+            y = torch.nn.functional.max_pool2d(y, 2)
+            y = torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest")
+            y = torch.nn.functional.hardswish(self.c2(y))
+            y = torch.nn.functional.avg_pool2d(self.pr(y), 2)
+            return self.fc(torch.flatten(y, 1))
+
+    net = Net().eval()
+    x = np.random.default_rng(1).uniform(-1, 1, (48, 3, 8, 8)).astype(np.float32)
+    m = torch_to_onnx(net, x[:1], opset=11)
+    assert m.opset_import[0].version == 11
+    assert {n.op_type for n in m.graph.node} >= {"Clip", "Resize", "PRelu", "Gemm"}
+    p = tmp_path / "torch11.onnx"
+    onnx.save(m, p)
+    np.save(tmp_path / "calib.npy", x[:32])
+    np.save(tmp_path / "eval.npy", x[32:])
+    out = _build(tmp_path, p)
+    text = capsys.readouterr().out
+    assert "0 mismatching" in text and "FAIL" not in text
+    assert json.load(open(out / "compiled" / "meta.json"))["coverage"]["macs_dpu_pct"] == 100.0
+    res = compare(str(p), str(out), str(tmp_path / "eval.npy"), task="raw")
+    with torch.no_grad():
+        ref = net(torch.from_numpy(x[32:])).numpy()
+    assert res["outputs"][0]["sqnr_db"] > 20, res["outputs"]
+    assert np.abs(ref).max() == pytest.approx(max(abs(res["outputs"][0]["float_min"]),
+                                                  abs(res["outputs"][0]["float_max"])), rel=1e-4)
