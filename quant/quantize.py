@@ -429,9 +429,24 @@ class QuantResult:
             res["quant_accuracy"] = float(np.mean(qa == y))
         return res
 
+    def coverage(self) -> dict | None:
+        """DPU coverage (% of MACs and of ops) by the target's rules, as `opendpu inspect` and meta.json give it;
+        None without a target."""
+        if self.target is None:
+            return None
+        from opendpu.compiler.partition import coverage_of
+        from opendpu.quant.inspect import op_descs
+        return coverage_of((d, n.device, n.reason) for n, d in zip(self.prep.nodes, op_descs(self.prep))
+                           if n.kind != "input")
+
     def report_text(self, rows: list[dict]) -> str:
         t = self.target
-        lines = [f"opendpu quantize report: {self.model_name}",
+        cov = self.coverage()
+        lines = []
+        if cov is not None:
+            from opendpu.compiler.partition import format_coverage, target_label
+            lines.append(format_coverage(cov, target_label(t)))
+        lines += [f"opendpu quantize report: {self.model_name}",
                  f"target: {getattr(t, 'name', 'none')}  method: {self.config.method}  weights: {self.config.wmethod}"
                  f"  calibration samples: {self.calib_samples}", ""]
         cpu = [n for n in self.prep.nodes if n.device == "CPU"]
@@ -504,7 +519,7 @@ class QuantResult:
         paths["report"] = os.path.join(d, "report.txt")
         with open(paths["report"], "w") as f:
             f.write(self.report_text(rows))
-        rep = {"model": self.model_name, "target": getattr(self.target, "name", None),
+        rep = {"coverage": self.coverage(), "model": self.model_name, "target": getattr(self.target, "name", None),
                "config": asdict(self.config), "timings_s": self.timings, "layers": rows,
                "cpu_ops": [{"op": n.name, "kind": n.kind, "reason": n.reason} for n in self.prep.nodes
                            if n.device == "CPU"],

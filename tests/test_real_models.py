@@ -188,6 +188,11 @@ def test_replace_silu_is_explicit(tmp_path):
     r1, r2 = (open(d / "report.txt").read() for d in (q1, q2))
     assert "SiLU" in r1 and "REPLACE_SILU" not in r1
     assert "REPLACE_SILU" in r2
+    # the reports open with the coverage: 8·8·8·27 + 8·8·8·8 = 17920 MACs, all on the DPU; the SiLU on the CPU
+    assert r1.splitlines()[0].startswith("DPU coverage (B512): 100.0 % of MACs")
+    c1, c2 = (json.load(open(d / "report.json"))["coverage"] for d in (q1, q2))
+    assert (c1["macs_total"], c1["macs_dpu"]) == (c2["macs_total"], c2["macs_dpu"]) == (17920, 17920)
+    assert {c["name"] for c in c1["cpu_ops"]} == {"sig", "silu"} and c2["cpu_ops"] == []
     from opendpu.compiler.xir.graph import Graph
     t1 = {o.type for o in Graph.load(str(q1 / "silu_int.xmodel")).ops.values()}
     t2 = {o.type for o in Graph.load(str(q2 / "silu_int.xmodel")).ops.values()}
