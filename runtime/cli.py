@@ -892,7 +892,8 @@ def cmd_build(a) -> int:
                     "--seed", str(a.seed)] + (["--method", a.method] if a.method else [])
                    + (["--input-shape", ",".join(map(str, a.input_shape))] if a.input_shape else [])
                    + (["--replace-silu", a.replace_silu] if a.replace_silu else [])
-                   + (["--fast-finetune"] if a.fast_finetune else []))
+                   + (["--fast-finetune"] if a.fast_finetune else [])
+                   + (["--bias-corr"] if a.bias_corr else []))
     c = _verb_args(["compile", "-x", "quantized.xmodel", "--target", a.target, "-o", "compiled", "-n", name]
                    + (["--options", a.options] if a.options is not None else []))
     k = _verb_args(["check", f"{name}.xmodel", "-n", str(a.check_n), "--seed", str(a.seed)])
@@ -1192,6 +1193,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--method", help="activation calibration method (as for quantize; default: quantize's)")
     b.add_argument("--replace-silu", choices=("hardswish",), help="as for quantize: SiLU -> hard-swish on the DPU")
     b.add_argument("--fast-finetune", action="store_true", help="as for quantize")
+    b.add_argument("--bias-corr", action="store_true", help="as for quantize: bias correction")
     b.add_argument("--check-n", type=int_range(1, 100000), default=2, help="random inputs per DPU subgraph for the "
                                                                           "check")
     b.add_argument("--seed", type=SEED, default=0)
