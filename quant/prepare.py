@@ -314,8 +314,12 @@ class _Prep:
                 n.cpu, n.device = True, "CPU"
                 n.reason = "its inputs are computed in float on the CPU; data movement stays with them"
         outs = {self.val[o] for o in self.fg.outputs}
+        consumers: dict[str, list[QNode]] = {}
+        for c in self.nodes:
+            for i in set(c.inputs):
+                consumers.setdefault(i, []).append(c)
         for n in reversed(self.nodes):
-            cons = [c for c in self.nodes if n.name in c.inputs]
+            cons = consumers.get(n.name, [])
             if n.kind in MOVE_KINDS and n.quantized and n.name not in outs and cons \
                     and all(not c.quantized for c in cons):
                 n.cpu, n.device = True, "CPU"

@@ -671,12 +671,13 @@ def _onnx_input_shape(path: str, input_shape: list[int] | None = None) -> list[i
 def _calib_shape(model: str, calib: str) -> list[int] | None:
     """For a model with dynamic input dimensions and no --input-shape: [1] + the shape of one calibration sample
     (a .npy / .npz file of [N, C, H, W]); None when the model's shape is static or the data says nothing."""
-    from opendpu.quant.onnx_in import QuantError, _static_input_shapes, load_onnx
-    try:
-        _static_input_shapes(load_onnx(model), model)
-        return None
-    except QuantError:
-        pass
+    from opendpu.quant.onnx_in import _declared_dims, load_onnx
+    m = load_onnx(model)                    # a bad model is reported as such, before the data is read
+    inits = {i.name for i in m.graph.initializer}
+    vis = [vi for vi in m.graph.input if vi.name not in inits]
+    if len(vis) != 1 or vis[0].type.WhichOneof("value") != "tensor_type" or \
+            all(v is not None for v, _ in _declared_dims(vis[0].type.tensor_type, None)[1:]):
+        return None                         # static, or refused with its own message by _onnx_input_shape
     if not os.path.isfile(calib):
         return None
     from opendpu.quant.quantize import _load_array

@@ -38,6 +38,18 @@ def _build(tmp_path, model, *extra):
     return out
 
 
+def _save_model(path, nodes, x_shape, y_shape, weights: dict, opset: int = 17) -> str:
+    """An opset-`opset` model of `nodes` from input x to output y, weights as initializers, saved at `path`."""
+    g = helper.make_graph(nodes, os.path.splitext(os.path.basename(str(path)))[0],
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+                          [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.save(m, path)
+    return str(path)
+
+
 def _cpu_ops(build) -> dict[str, str]:
     meta = json.load(open(build / "compiled" / "meta.json"))
     return {c["name"]: c["reason"] for c in meta["coverage"]["cpu_ops"]}
@@ -173,13 +185,7 @@ def test_replace_silu_is_explicit(tmp_path):
              helper.make_node("Sigmoid", ["c"], ["s"], name="sig"),
              helper.make_node("Mul", ["c", "s"], ["silu"], name="silu"),
              helper.make_node("Conv", ["silu", "w2"], ["y"], name="conv2")]
-    g = helper.make_graph(nodes, "silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
-                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w2, "w2")])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    p = tmp_path / "silu.onnx"
-    onnx.save(m, p)
+    p = _save_model(tmp_path / "silu.onnx", nodes, [1, 3, 8, 8], [1, 8, 8, 8], {"w": w, "w2": w2})
     np.save(tmp_path / "calib.npy", rng.uniform(-1, 1, (16, 3, 8, 8)).astype(np.float32))
     q1, q2 = tmp_path / "q1", tmp_path / "q2"
     assert cli(["quantize", str(p), "--calib", str(tmp_path / "calib.npy"), "-o", str(q1), "--target", B512]) == 0
@@ -270,13 +276,7 @@ def test_coverage_counts_macs_of_ops_kept_on_the_cpu(tmp_path, capsys):
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
              helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
              helper.make_node("Conv", ["r1", "w2"], ["y"], pads=[1, 1, 1, 1], group=2, name="grouped")]
-    g = helper.make_graph(nodes, "grouped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
-                          [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    p = tmp_path / "grouped.onnx"
-    onnx.save(m, p)
+    p = _save_model(tmp_path / "grouped.onnx", nodes, [1, 3, 8, 8], [1, 8, 8, 8], {"w1": w1, "w2": w2})
     np.save(tmp_path / "calib.npy", rng.uniform(-1, 1, (16, 3, 8, 8)).astype(np.float32))
     out = _build(tmp_path, p)
     cov = json.load(open(out / "compiled" / "meta.json"))["coverage"]
@@ -332,3 +332,22 @@ def test_pytorch_opset11_export_idioms(tmp_path, capsys):
     assert res["outputs"][0]["sqnr_db"] > 20, res["outputs"]
     assert np.abs(ref).max() == pytest.approx(max(abs(res["outputs"][0]["float_min"]),
                                                   abs(res["outputs"][0]["float_max"])), rel=1e-4)
+
+
+def test_a_bad_model_is_reported_before_the_data_is_read(tmp_path, capsys):
+    """A dynamic-shape model takes its shape from the calibration data, but only once the model itself is known to
+    be good: with both broken, the model's error is the one reported."""
+    w = np.ones((4, 3, 1, 1), np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Add", ["c", "b"], ["y"], name="add")]
+    p = tmp_path / "two.onnx"
+    _save_model(p, nodes, [1, 3, "h", "w"], [1, 4, "h", "w"], {"w": w})
+    m = onnx.load(p)
+    m.graph.input.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 4, "h", "w"]))
+    onnx.save(m, p)
+    (tmp_path / "calib.npy").write_bytes(b"not numpy at all")
+    out = tmp_path / "q"
+    rc = cli(["quantize", str(p), "--calib", str(tmp_path / "calib.npy"), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "2 inputs (x, b)" in err and "Traceback" not in err, err
+    assert not out.exists()

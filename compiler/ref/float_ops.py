@@ -516,7 +516,7 @@ def _op_onnx(ctx: _Ctx) -> np.ndarray:
         if len(_ONNX_CACHE) > 256:
             _ONNX_CACHE.clear()
         _ONNX_CACHE[key] = ev
-    names = [i.name for i in ev.proto_.graph.input]
+    names = list(ev.input_names)
     if len(names) != len(ctx.inputs):
         raise ctx.error(f"expects {len(names)} inputs, got {len(ctx.inputs)}")
     feeds = {n: np.asarray(v, np.float32) for n, v in zip(names, ctx.inputs)}
