@@ -213,7 +213,8 @@ def _load_data(data, shape: list[int], limit: int | None) -> tuple[np.ndarray, n
     try:
         x, y = eval_arrays(x, shape, y)
     except QuantError as e:
-        msg = (str(e).replace("evaluation data array", where_x).replace("evaluation data", "data")
+        msg = (str(e).replace("NO_CALIBRATION: ", "").replace("evaluation data array", where_x)
+               .replace("evaluation data", "data")
                .replace("evaluation labels 'y'", f"{where}: labels 'y'"))
         raise CompareError(msg) from None
     if limit is not None:
