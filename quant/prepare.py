@@ -87,6 +87,7 @@ class _Prep:
         for n in fg.nodes:
             for i in n.inputs:
                 self._cons.setdefault(i, []).append(n)
+        self.exclude = _excluded(fg, tuple(getattr(cfg, "nodes_to_exclude", ()) or ()))
 
     # ---- helpers ------------------------------------------------------------------------------
     def err(self, node: Node, msg: str) -> QuantError:
@@ -103,7 +104,8 @@ class _Prep:
 
     def only_consumer(self, t: str) -> Node | None:
         cs = self._cons.get(t, [])
-        if len(cs) == 1 and t not in self.graph_outputs and id(cs[0]) not in self.done:
+        if len(cs) == 1 and t not in self.graph_outputs and id(cs[0]) not in self.done \
+                and id(cs[0]) not in self.exclude:
             return cs[0]
         return None
 
@@ -262,6 +264,9 @@ class _Prep:
         for node in fg.nodes:
             if id(node) in self.done:
                 continue
+            if id(node) in self.exclude:
+                self.cpu_node(node, "excluded from quantization (nodes_to_exclude): stays float on the CPU")
+                continue
             h = getattr(self, "op_" + node.op_type, None)
             if h is None:
                 if node.op_type in FLOAT_OPS:
@@ -273,6 +278,10 @@ class _Prep:
             self.mark(node)
             try:
                 h(node)
+                fused = [n for n in self.fg.nodes if id(n) in self.exclude and id(n) in self.done - snap[3]]
+                if fused:                   # a pattern took in an excluded node: the pattern's head stays float
+                    raise self.err(node, f"its DPU form takes in {fused[0].name!r}, which nodes_to_exclude keeps "
+                                         "float")
             except ModelError:
                 raise
             except QuantError as e:         # a form the DPU lacks: the op stays float on the CPU, with the reason
@@ -960,6 +969,24 @@ SUPPORTED_ONNX = {"Conv", "ConvTranspose", "BatchNormalization", "Gemm", "MatMul
 def _layout_free(shape) -> bool:
     """True when a tensor's NCHW and NHWC element orders are the same (not 4-D, C == 1 or H·W == 1)."""
     return len(shape) != 4 or shape[1] == 1 or shape[2] * shape[3] == 1
+
+
+def _excluded(fg: FGraph, names: tuple[str, ...]) -> set[int]:
+    """ids of the nodes named (by node name or by an output tensor) in nodes_to_exclude; an unknown name is an
+    error naming it, as vai_q_onnx's check of its nodes_to_exclude list."""
+    want = set(names)
+    ids, hit = set(), set()
+    for n in fg.nodes:
+        keys = ({n.name} | set(n.outputs)) & want
+        if keys:
+            ids.add(id(n))
+            hit |= keys
+    missing = sorted(want - hit)
+    if missing:
+        known = ", ".join(repr(n.name) for n in fg.nodes[:6])
+        raise QuantError(f"{fg.source}: nodes_to_exclude: no node or tensor named {', '.join(map(repr, missing))} "
+                         f"(node names look like {known}, ...; `opendpu inspect` lists them)")
+    return ids
 
 
 def _reason(msg: str, node: Node) -> str:

@@ -44,6 +44,7 @@ class QuantConfig:
     eltwise_spread: int = 2               # max fix-point spread of eltwise-add inputs (DPU ELEW keeps 2 extra bits)
     bias_corr: bool = False
     fast_finetune: bool = False
+    nodes_to_exclude: tuple[str, ...] = ()  # ONNX node (or output tensor) names kept float on the CPU (vai_q_onnx)
     finetune_iters: int = 200
     seed: int = 0
 
@@ -56,6 +57,9 @@ class QuantConfig:
             raise QuantError(f"QUANT_CONFIG: weight method {wm!r}; use maxmin, diffs or mse")
         if self.replace_silu not in (None, "hardswish"):
             raise QuantError(f"QUANT_CONFIG: replace_silu {self.replace_silu!r}; use 'hardswish' or None")
+        if isinstance(self.nodes_to_exclude, str) or not all(isinstance(n, str) and n
+                                                               for n in self.nodes_to_exclude):
+            raise QuantError(f"QUANT_CONFIG: nodes_to_exclude {self.nodes_to_exclude!r} must be a list of node names")
         if self.bit_width != 8:
             raise QuantError(f"ILLEGAL_BITWIDTH: the DPU takes 8-bit tensors, not {self.bit_width}")
         if self.statistic is not None and self.statistic not in C.STATISTICS:

@@ -13,7 +13,7 @@ import numpy as np
 from opendpu.compiler.outdir import DirOutput, check_dir, check_file
 from opendpu.compiler.xir.graph import dump_stem
 from opendpu.runtime.cli_checks import (SEED, CliError, float_range, input_dir, input_file, input_path, int_range,
-                                load_array, shape_arg, load_bin, load_npz, timing_overrides, timing_value)
+                                load_array, names_arg, shape_arg, load_bin, load_npz, timing_overrides, timing_value)
 
 __all__ = ["main", "build_parser", "CliError"]
 
@@ -698,7 +698,7 @@ def cmd_quantize(a) -> int:
     cfg = QuantConfig(method=a.method, weight_method=a.weight_method, statistic=a.statistic,
                       percentile=a.percentile, batch_size=a.batch_size, calib_limit=a.calib_limit,
                       replace_sigmoid=a.replace_sigmoid, replace_silu=a.replace_silu, bias_corr=a.bias_corr,
-                      fast_finetune=a.fast_finetune, seed=a.seed)
+                      fast_finetune=a.fast_finetune, nodes_to_exclude=tuple(a.exclude_nodes or ()), seed=a.seed)
     shape = _onnx_input_shape(a.model, a.input_shape or _calib_shape(a.model, a.calib))
     x = calib_arrays(a.calib, shape, cfg.calib_limit)      # checked before any work; errors name the file
     ev_data = None
@@ -894,7 +894,8 @@ def cmd_build(a) -> int:
                    + (["--input-shape", ",".join(map(str, a.input_shape))] if a.input_shape else [])
                    + (["--replace-silu", a.replace_silu] if a.replace_silu else [])
                    + (["--fast-finetune"] if a.fast_finetune else [])
-                   + (["--bias-corr"] if a.bias_corr else []))
+                   + (["--bias-corr"] if a.bias_corr else [])
+                   + (["--exclude-nodes", ",".join(a.exclude_nodes)] if a.exclude_nodes else []))
     c = _verb_args(["compile", "-x", "quantized.xmodel", "--target", a.target, "-o", "compiled", "-n", name]
                    + (["--options", a.options] if a.options is not None else []))
     k = _verb_args(["check", f"{name}.xmodel", "-n", str(a.check_n), "--seed", str(a.seed)])
@@ -1139,6 +1140,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "approximation: compare the accuracy with and without it); by default sigmoid stays on the CPU")
     q.add_argument("--bias-corr", action="store_true", help="bias correction")
     q.add_argument("--fast-finetune", action="store_true", help="layer-wise AdaQuant-style fast finetune")
+    q.add_argument("--exclude-nodes", type=names_arg, metavar="NAME[,NAME]",
+                   help="ONNX nodes (or their output tensors) kept float on the CPU, as vai_q_onnx's nodes_to_exclude "
+                        "(names as `opendpu inspect` lists them)")
     q.add_argument("--evaluate", help="dataset (.npz with x and optional labels y): float vs quantized")
     q.add_argument("--seed", type=SEED, default=0)
     q.add_argument("--input-shape", type=shape_arg, metavar="N,C,H,W",
@@ -1195,6 +1199,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--replace-silu", choices=("hardswish",), help="as for quantize: SiLU -> hard-swish on the DPU")
     b.add_argument("--fast-finetune", action="store_true", help="as for quantize")
     b.add_argument("--bias-corr", action="store_true", help="as for quantize: bias correction")
+    b.add_argument("--exclude-nodes", type=names_arg, metavar="NAME[,NAME]",
+                   help="as for quantize: ONNX nodes kept float on the CPU")
     b.add_argument("--check-n", type=int_range(1, 100000), default=2, help="random inputs per DPU subgraph for the "
                                                                           "check")
     b.add_argument("--seed", type=SEED, default=0)

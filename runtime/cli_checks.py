@@ -55,6 +55,17 @@ def shape_arg(s: str) -> list[int]:
 shape_arg.__name__ = "shape"
 
 
+def names_arg(s: str) -> list[str]:
+    """An argparse type: a comma-separated list of node names (ONNX names such as /conv1/Conv), none empty."""
+    names = [p.strip() for p in s.split(",")]
+    if not names or any(not n for n in names):
+        raise argparse.ArgumentTypeError(f"{s!r} is not a list of node names like /dense5/Gemm,/prelu5/PRelu")
+    return names
+
+
+names_arg.__name__ = "names"
+
+
 def float_range(lo: float, hi: float, lo_open: bool = True):
     """An argparse type: a finite float in (lo, hi] (or [lo, hi] when not lo_open)."""
     def conv(s: str) -> float:

@@ -322,10 +322,11 @@ def _errors(net, res, outs: dict[str, np.ndarray], x: np.ndarray) -> dict[str, t
 
 
 def test_onet_landmarks_and_box_regression():
-    """ONet on face crops: box regression (output 0) and landmarks (output 1) of the compiled net against the float
-    PyTorch ONet. INT8 with power-of-two scales leaves ~7 % / ~4 % of the outputs' range as the largest error
-    (a single rounding of the 256 features before the heads already costs 3.6 % of the box range, see the
-    report); the probability of a face stays within 0.01."""
+    """ONet on face crops, every op but the softmax on the DPU: box regression (output 0) and landmarks (output 1)
+    of the compiled net against the float PyTorch ONet. INT8 with power-of-two scales leaves ~6 % / ~4 % of the
+    outputs' range as the largest error, above the 2 % the float-head variant below reaches: a single rounding of
+    the 256 features before the heads already costs >= 3.3 % (test_onet_int8_feature_rounding_floor); the probability
+    of a face stays within 0.01."""
     _need("onet")
     net, res, g, c = _mtcnn("onet")
     x = _evalset("onet")
@@ -336,6 +337,57 @@ def test_onet_landmarks_and_box_regression():
     assert box[0] <= 0.10 and box[1] <= 0.03
     assert marks[0] <= 0.05 and marks[1] <= 0.015
     assert prob[0] <= 0.01
+
+
+def test_onet_int8_feature_rounding_floor():
+    """Why all-INT8 ONet misses 2 %: in the float net, rounding only prelu5's output (256 features, range about
+    [-0.1, 2.9]) to INT8 at its best power-of-two fix point (6, which clips the tail above 1.98) already moves the
+    box regression by 3.3 % of its range (5 % at fix point 5, which does not clip). Every fix point is tried, so
+    no calibration method gets under 3 %; keeping the head in float does."""
+    _need("onet")
+    net = M.load("onet")
+    x = torch.from_numpy(_evalset("onet"))
+    with torch.no_grad():
+        box = net(x)[0].numpy()
+        worst = []
+        for fp in range(0, 8):
+            h = net.prelu5.register_forward_hook(
+                lambda m, i, o, fp=fp: torch.clamp(torch.round(o * 2.0 ** fp), -128, 127) / 2.0 ** fp)
+            q = net(x)[0].numpy()
+            h.remove()
+            worst.append(float(np.abs(q - box).max() / np.ptp(box)))
+    print("box max error per prelu5 fix point:", [round(w, 4) for w in worst])
+    assert min(worst) >= 0.03
+
+
+ONET_FLOAT_HEAD = ("/conv4/Conv", "/prelu4/PRelu", "/dense5/Gemm", "/prelu5/PRelu", "/dense6_1/Gemm",
+                   "/dense6_2/Gemm", "/dense6_3/Gemm")
+
+
+def test_onet_within_2_percent_with_the_head_in_float():
+    """The accuracy mode a vai_q_onnx user picks for a regression head: `nodes_to_exclude` keeps conv4, dense5 and
+    the three heads float on the CPU (4.6 % of the MACs), bias correction, 256 calibration crops. conv1-conv3 and
+    their PReLUs stay on the DPU; box regression and landmarks are within 2 % of the float outputs' range on 96
+    face crops, and sim == ref."""
+    _need("onet")
+    net = M.load("onet")
+    cal = M.normalise(M.face_crops(M.INPUT_SIZE["onet"], 256, 1))
+    cfg = QuantConfig(nodes_to_exclude=ONET_FLOAT_HEAD, bias_corr=True)
+    res = quantize(net, cal, example_input=cal[:1], target=TARGET, config=cfg)
+    g, c = _compiled(res)
+    pl = c.partition.placement
+    assert all(pl[k].device == "CPU" and "nodes_to_exclude" in pl[k].reason
+               for k in ("/dense5/Gemm", "/prelu5/PRelu", "/dense6_2/Gemm", "/dense6_3/Gemm")), pl
+    dpu_prelu = {k.split("/")[1] for k, p in _prelu_ops(c).items() if p.device == "DPU"}
+    assert dpu_prelu == {"prelu1", "prelu2", "prelu3"}, dpu_prelu
+    cov = res.coverage()
+    assert 95 <= cov["macs_dpu_pct"] < 96, cov["macs_dpu_pct"]
+    x = _evalset("onet", 96)
+    err = _errors(net, res, _sim_vs_ref(g, c, x), x)
+    box, marks = (err[k] for k in res.prep.outputs[:2])
+    print(f"ONet, head in float: max/rms error over the output range: box {box[0]:.4f}/{box[1]:.4f}, landmarks "
+          f"{marks[0]:.4f}/{marks[1]:.4f}; DPU MACs {cov['macs_dpu_pct']:.1f} %")
+    assert box[0] <= 0.02 and marks[0] <= 0.02
 
 
 def test_onet_prelu_on_the_dpu_costs_no_accuracy(monkeypatch):
