@@ -27,7 +27,7 @@ from opendpu.compiler.fixpoint import (FixPointError, LEAKY_ALPHA, avg_pool_fact
 from opendpu.compiler.program import DdrImage, DpuProgram, Layer
 from opendpu.compiler.xir.dpu_abi import CONST, INTERFACE, WORKSPACE, Register, RegisterMap
 from opendpu.compiler.xir.graph import Graph, Op, Tensor
-from opendpu.isa.deps import TokenPlanner
+from opendpu.isa.deps import ExactTokenPlanner, TokenPlanner
 from opendpu.isa.errors import OpenDpuError
 from opendpu.isa.fields import FIELDS
 from opendpu.isa.footprint import InitState, footprint_of
@@ -206,6 +206,7 @@ class _Ctx:
     ws_alloc: Callable[[int], int] | None = None        # workspace bytes for temporaries (REG_1 offset)
     aug: bool = False                 # channel augmentation allowed (decided per layer by the cost estimate)
     capture: list | None = None       # when set, _run collects the layer jobs instead of emitting them
+    pipeline: bool = False            # software-pipelined strip order (_pipelined)
 
     def temp(self, h: int, w: int, ch: int, fp: int) -> FMap:
         """A dense temporary feature map in the workspace."""
@@ -1266,7 +1267,7 @@ class _Plan:
 
 def generate(graph: Graph, op_names: list[str], target: Target, name: str = "subgraph",
              log: Callable[[str], None] | None = None, channel_augmentation: bool = True,
-             fuse: bool = True) -> DpuProgram:
+             fuse: bool = True, exact_tokens: bool = True, pipeline: bool = True) -> DpuProgram:
     """Compile the ops `op_names` of `graph` (one DPU subgraph) for `target` (module docstring).
     `channel_augmentation` lets convs with few input channels fold kw into the LOAD items, `fuse` lets a
     producer and its only (ALU) consumer share one superlayer with the intermediate on chip; each is taken per
@@ -1289,6 +1290,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
     c = _new_ctx(t)
     c.graph = graph
     c.aug = channel_augmentation
+    c.pipeline = pipeline
     fm: dict[str, FMap] = {}
     dense = _dense
     # images read by a conv that may be channel-augmented with left padding get DDR_ALIGN bytes of slack before
@@ -1420,7 +1422,8 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
     c.s.add("END")
     c.s.layer_of[-1] = len(layers) - 1
     layers[-1].count += 1
-    instrs = _tokens(t, c.s.ins, {REG_CONST: max(1, len(c.blob)), **{r: max(1, v) for r, v in sizes.items()}})
+    instrs = _tokens(t, c.s.ins, exact_tokens,
+                     {REG_CONST: max(1, len(c.blob)), **{r: max(1, v) for r, v in sizes.items()}})
     regs = [Register(REG_CONST, CONST, max(1, len(c.blob)), bytes(c.blob))]
     if sizes[REG_WORKSPACE]:
         regs.append(Register(REG_WORKSPACE, WORKSPACE, sizes[REG_WORKSPACE]))
@@ -1636,11 +1639,11 @@ def _pairable(a: Instruction, b: Instruction) -> bool:
     return ra != rb or a1 <= b0 or b1 <= a0
 
 
-def _tokens(t: Target, ins: list[Instruction], reg_sizes: dict[int, int]) -> list[Instruction]:
+def _tokens(t: Target, ins: list[Instruction], exact: bool, reg_sizes: dict[int, int]) -> list[Instruction]:
     """Place dpdon/dpdby from the footprints (isa.deps.TokenPlanner); the last SAVE waits for all work. Adjacent
     SAVEs of different banks go out as pairs (hp_id 0 waits for both, hp_id 1 signals for both), except the last
     SAVE, which must carry the final waits itself."""
-    planner = TokenPlanner(t, line_chunk=TOKEN_LINES, ddr_chunk=64)
+    planner = (ExactTokenPlanner if exact else TokenPlanner)(t, line_chunk=TOKEN_LINES, ddr_chunk=64)
     state = InitState()
     last_save = max(i for i, x in enumerate(ins) if x.op == "SAVE")
     out = list(ins)

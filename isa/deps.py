@@ -304,6 +304,176 @@ class TokenPlanner:
         return Step(i, ENGINES[e], self.dpdon[i], self.dpdby[i], tuple(waits))
 
 
+class ExactTokenPlanner:
+    """Token placement on the conflicting instruction itself, not on the producer engine's latest one.
+
+    Same interface as `TokenPlanner` (`add`, `order_after_all`, `keys`, `dpdon`, `dpdby`, `pair_open`), same
+    token model (module docstring), so the same checker (`find_races`) applies. For every key the planner keeps
+    its last writer and, per engine, its latest reader; a new instruction i of engine C needs, per engine P != C,
+    the latest P instruction x it conflicts with (P's last write of a key i reads or writes, P's latest read of
+    a key i writes). Happens-before is tracked with vector clocks (`hb[i][E]`: the latest E instruction known
+    complete when i starts, as `find_races` derives it): i inherits its engine's previous instruction's clock,
+    and a need x <= hb[i][P] is already ordered (through an earlier token of this engine, or transitively through
+    another engine's chain), so no token is placed. Otherwise x gets dpdby bit C and i dpdon bit P, and i's clock
+    takes x and x's own clock.
+
+    Why FIFO pairing still holds (spec §5.2: the k-th wait on (P, C) is released by the k-th signal): a signal
+    on (P, C) is only ever placed together with its wait, so after every step each pair has as many signals as
+    waits, and every earlier signal t was consumed by an earlier C instruction, whose clock i inherits:
+    hb[i][P] >= t. A new signal goes on x > hb[i][P] >= t, i.e. later in P's order than every earlier signal,
+    and its wait is later in C's order than every earlier wait: the queues pair them in order, and no earlier
+    waiter can consume x's token.
+
+    SAVE pairs: the first SAVE (hp_id 0) has dpdby 0000, so a need on it is placed on its partner (the hp_id 1
+    SAVE, which the cycle model and spec §5.2 deliver only after the whole engine's earlier SAVEs completed).
+    """
+
+    def __init__(self, target: Target, line_chunk: int = 1, ddr_chunk: int = 1):
+        self.space = KeySpace(target, line_chunk, ddr_chunk)
+        self.dpdon: list[int] = []
+        self.dpdby: list[int] = []
+        self.engine: list[Engine] = []
+        self.hb: list[tuple[int, int, int, int]] = []
+        self._last = [-1, -1, -1, -1]
+        self._writer: dict[int, int] = {}                       # key -> index of its last writer
+        self._reader: list[dict[int, int]] = [{} for _ in range(4)]   # engine -> key -> its latest reader
+        self._partner: dict[int, int] = {}                      # first SAVE of a pair -> its second
+        self.pair_open = False
+
+    def __len__(self) -> int:
+        return len(self.dpdon)
+
+    def keys(self, fp: Footprint) -> tuple[set[int], set[int]]:
+        """(read keys, write keys) of a footprint in this planner's key space."""
+        return self.space.footprint_keys(fp)
+
+    def last(self, engine: int) -> int:
+        """Index of the latest instruction of `engine` (-1: none yet)."""
+        return self._last[engine]
+
+    def needs(self, C: int, R: set, W: set) -> list[int]:
+        """Per engine P, the latest P instruction that a new instruction of engine C with these keys conflicts
+        with (-1: none; C's own entry is always -1)."""
+        need = [-1, -1, -1, -1]
+        eng = self.engine
+        wr = self._writer
+        for key in R:
+            x = wr.get(key)
+            if x is not None:
+                P = eng[x]
+                if P != C and x > need[P]:
+                    need[P] = x
+        if W:
+            for key in W:
+                x = wr.get(key)
+                if x is not None:
+                    P = eng[x]
+                    if P != C and x > need[P]:
+                        need[P] = x
+            for P in range(4):
+                if P == C:
+                    continue
+                rd = self._reader[P]
+                if not rd:
+                    continue
+                m = need[P]
+                for key in W:
+                    x = rd.get(key)
+                    if x is not None and x > m:
+                        m = x
+                need[P] = m
+        need[C] = -1
+        return need
+
+    def _clock(self, C: int) -> list[int]:
+        j = self._last[C]
+        return list(self.hb[j]) if j >= 0 else [-1, -1, -1, -1]
+
+    def _wait(self, i: int, C: int, x: int, v: list[int]) -> int:
+        """Order i (engine C, clock v, updated) after instruction x of another engine; the signaller."""
+        x = self._partner.get(x, x)
+        P = int(self.engine[x])
+        if P == _SAVE and self.pair_open:
+            raise TokenError("nothing may wait on the SAVE engine between the two SAVEs of a pair", i)
+        if self.dpdby[x] >> C & 1:          # cannot happen (class docstring); a second token would unbalance
+            raise TokenError(f"instruction {x} already signals {ENGINES[C].name}", i)
+        self.dpdby[x] |= 1 << C
+        self.dpdon[i] |= 1 << P
+        h = self.hb[x]
+        for E in range(4):
+            if h[E] > v[E]:
+                v[E] = h[E]
+        if x > v[P]:
+            v[P] = x
+        return x
+
+    def _resolve(self, i: int, C: int, need: list[int], v: list[int]) -> list[int]:
+        """Place the tokens i needs, latest-first by index (a later instruction's clock often covers the
+        others)."""
+        out = []
+        while True:
+            cand = [(need[P], P) for P in range(4) if P != C and need[P] > v[P]]
+            if not cand:
+                return out
+            x, P = max(cand)
+            out.append(self._wait(i, C, x, v))
+
+    def order_after_all(self, i: int) -> list[int]:
+        """Order instruction i after every other engine's latest instruction (the final SAVE)."""
+        C = int(self.engine[i])
+        v = list(self.hb[i])
+        need = [self._last[P] if P != C else -1 for P in range(4)]
+        out = self._resolve(i, C, need, v)
+        self.hb[i] = tuple(v)
+        return out
+
+    def add(self, op: str, fp: Footprint | None = None, *, keys: tuple[set, set] | None = None,
+            wait: bool = True, pair: int | None = None) -> Step:
+        """Append instruction `op` with footprint `fp` (or `keys`); see `TokenPlanner.add`."""
+        e = _ENGINE_NUM[op]
+        R, W = keys if keys is not None else (self.keys(fp) if fp is not None else (set(), set()))
+        i = len(self.dpdon)
+        b = 1 << e
+        on, by = b, b
+        if pair is not None:
+            if op != "SAVE" or pair not in (0, 1):
+                raise TokenError(f"pair={pair!r} is for SAVEs (0 = hp_id 0, 1 = hp_id 1)", i)
+            if pair == 0 and self.pair_open:
+                raise TokenError("a SAVE pair is already open", i)
+            if pair == 1:
+                if not self.pair_open:
+                    raise TokenError("second SAVE of a pair without a first", i)
+                v = self._clock(e)
+                need = self.needs(e, R, W)
+                if any(need[P] > v[P] for P in range(4)):
+                    raise TokenError("the second SAVE of a pair would need a wait of its own; the first SAVE "
+                                     "waits for both", i)
+                wait = False
+            on, by = (b, 0) if pair == 0 else (0, b)
+        self.dpdon.append(on)
+        self.dpdby.append(by)
+        self.engine.append(ENGINES[e])
+        v = self._clock(e)
+        self.hb.append((-1, -1, -1, -1))
+        waits: list[int] = []
+        if wait and (R or W):
+            waits = self._resolve(i, e, self.needs(e, R, W), v)
+        self.hb[i] = tuple(v)
+        wr = self._writer
+        for key in W:
+            wr[key] = i
+        if R:
+            rd = self._reader[e]
+            for key in R:
+                rd[key] = i
+        if pair == 1:
+            self._partner[self._last[e]] = i
+        self._last[e] = i
+        if pair is not None:
+            self.pair_open = pair == 0
+        return Step(i, ENGINES[e], self.dpdon[i], self.dpdby[i], tuple(waits))
+
+
 # ---- checking ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Race:
@@ -387,5 +557,5 @@ def find_races(instrs: Sequence[Instruction], footprints: Sequence[Footprint], t
     return races
 
 
-__all__ = ["ALL_BITS", "ENGINES", "KeySpace", "Race", "Step", "TokenError", "TokenPlanner", "bit", "cross",
+__all__ = ["ALL_BITS", "ENGINES", "ExactTokenPlanner", "KeySpace", "Race", "Step", "TokenError", "TokenPlanner", "bit", "cross",
            "engine_of", "engines_of", "find_races", "mask", "token_counts"]
