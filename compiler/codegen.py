@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -432,9 +432,11 @@ def _strip(c: _Ctx, name: str, inp: FMap, tile: Tile, sh: int, cg: int, lpp: int
     """Allocate a strip's input buffer (VB0) and output buffer (VB1, `lpp` lines per pixel) in the rings and LOAD
     the strip's input rows (channel-augmented items when `aug` is given)."""
     t = c.target
-    ib = _in_buf(c, name, tile, sh, cg, inp, aug)
+    align = TOKEN_LINES if c.pipeline else 1        # consecutive strips' buffers share no dependency key
+    ib = _in_buf(c, name, tile, sh, cg, inp, aug, align=align)
     Eo = tile.cols * lpp
-    ob = OutBuf(t.img_base(1), c.img[1].alloc(_ceil(tile.rows, t.pp) * Eo, f"layer {name!r} output"), Eo, lpp)
+    ob = OutBuf(t.img_base(1), c.img[1].alloc(_ceil(tile.rows, t.pp) * Eo, f"layer {name!r} output", align), Eo,
+                lpp)
     return ib, ob
 
 
@@ -449,6 +451,98 @@ def _in_buf(c: _Ctx, name: str, tile: Tile, sh: int, cg: int, inp: FMap, aug: "A
     else:
         _load_aug(c, aug, tile, ib)
     return ib
+
+
+def _cut(c: _Ctx, emit: Callable[[], Any]) -> tuple[Any, list[tuple[Instruction, int]]]:
+    """Run `emit` and take the instructions it appended back out of the stream: (its result, the instructions
+    with their layers)."""
+    i0 = len(c.s.ins)
+    r = emit()
+    seg = list(zip(c.s.ins[i0:], c.s.layer_of[i0:]))
+    del c.s.ins[i0:], c.s.layer_of[i0:]
+    return r, seg
+
+
+def _put(c: _Ctx, seg: list[tuple[Instruction, int]]) -> None:
+    for x, layer in seg:
+        c.s.ins.append(x)
+        c.s.layer_of.append(layer)
+
+
+_COMPUTE_OPS = ("CONV", "ALU", "ELEW")
+
+
+def _interleave(c: _Ctx, comp: list[tuple[Instruction, int]], extra: list[tuple[Instruction, int]]) -> None:
+    """Emit a strip's compute instructions with `extra` (LOADs / SAVEs) spread evenly after its CONV / ALU / ELEW
+    instructions, so that each engine queue gets work in the order the engines can take it (the dispatcher stops
+    behind a full queue, docs/microarchitecture.md §2)."""
+    n = sum(1 for x, _ in comp if x.op in _COMPUTE_OPS)
+    m, done, u = len(extra), 0, 0
+    for x, layer in comp:
+        c.s.ins.append(x)
+        c.s.layer_of.append(layer)
+        if x.op in _COMPUTE_OPS and n:
+            u += 1
+            due = _ceil(u * m, n)
+            _put(c, extra[done:due])
+            done = max(done, due)
+    _put(c, extra[done:])
+
+
+def _buf_span(t: Target, b: "InBuf | OutBuf", rows: int = 0) -> tuple[int, int, int]:
+    """(bank group base, first line, lines) a strip buffer occupies; an OutBuf's lines from its `rows`."""
+    if isinstance(b, InBuf):
+        return b.group, b.base, b.lines
+    return b.group, b.base, _ceil(rows, t.pp) * b.E
+
+
+def _disjoint(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
+    return a[0] != b[0] or a[1] + a[2] <= b[1] or b[1] + b[2] <= a[1]
+
+
+def _strips(c: _Ctx, tiles: list[Tile], load: Callable[[Tile], tuple["InBuf", "OutBuf"]],
+            compute: Callable[[Tile, "InBuf", "OutBuf"], None], save: Callable[[Tile, "OutBuf"], None]) -> None:
+    """The strips of one layer. In the plain order each strip is LOADs, compute, SAVEs. With `c.pipeline` the
+    program order is a software pipeline: strip k's compute instructions with the SAVEs of strip k-1 and the
+    LOADs of strip k+1 spread between them (those touch other buffers, checked here, and other DDR bytes: a
+    layer's input and output images never overlap, so the program's meaning is unchanged); with the tokens on
+    the exact conflicting instruction (isa.deps.ExactTokenPlanner) strip k+1's LOADs run under strip k's compute
+    and strip k-1's SAVEs under it too, instead of the dispatcher stopping behind a full SAVE queue that waits on
+    strip k's last CONV. A boundary where the buffers overlap (single buffering) keeps the plain order."""
+    t = c.target
+    if not c.pipeline or len(tiles) < 2:
+        for tile in tiles:
+            ib, ob = load(tile)
+            compute(tile, ib, ob)
+            save(tile, ob)
+        return
+    cur = load(tiles[0])
+    pending: list[tuple[Instruction, int]] = []         # the SAVEs of the previous strip, not emitted yet
+    prev_ob: tuple[int, int, int] | None = None
+    for k, tile in enumerate(tiles):
+        ib, ob = cur
+        _, comp = _cut(c, lambda: compute(tile, ib, ob))
+        ob_span = _buf_span(t, ob, tile.rows)
+        if pending and not _disjoint(ob_span, prev_ob):
+            _put(c, pending)                              # strip k overwrites strip k-1's output: SAVE it first
+            pending = []
+        nxt: list[tuple[Instruction, int]] = []
+        ahead = True                                      # strip k+1's LOADs may go among strip k's compute
+        if k + 1 < len(tiles):
+            cur, nxt = _cut(c, lambda: load(tiles[k + 1]))
+            ib_span = _buf_span(t, cur[0])
+            ahead = _disjoint(ib_span, _buf_span(t, ib)) and _disjoint(ib_span, ob_span)
+        _, sv = _cut(c, lambda: save(tile, ob))
+        if ahead:
+            _interleave(c, comp, pending + nxt)
+            pending = sv
+        else:
+            _interleave(c, comp, pending)
+            _put(c, sv)
+            _put(c, nxt)
+            pending = []
+        prev_ob = ob_span
+    _put(c, pending)
 
 
 def _blocks(t: Target, ob: OutBuf, rows: int, vb: int):
@@ -636,10 +730,10 @@ def _conv(c: _Ctx, job: ConvJob) -> None:
         nch = min(oc, (g0 + nsg) * t.cp) - c0
         rows, cols, vb = _plan_tiles(c, job.name, win, st.cg, 1, nsg, st.vb_max, 1024, 1024)
         state: dict[str, int] = {}
-        for tile in _tiles(win, rows, cols):
-            ib, ob = _strip(c, job.name, job.inp, tile, win.sh, st.cg, nsg, job.aug)
-            _conv_tile(c, job, st, tile, ib, ob, w_base, g0, nsg, vb, state)
-            _save_rows(c, job.out, tile, ob, c0, nch)
+        _strips(c, list(_tiles(win, rows, cols)),
+                lambda tile: _strip(c, job.name, job.inp, tile, win.sh, st.cg, nsg, job.aug),
+                lambda tile, ib, ob: _conv_tile(c, job, st, tile, ib, ob, w_base, g0, nsg, vb, state),
+                lambda tile, ob: _save_rows(c, job.out, tile, ob, c0, nch))
     c.workload += 2 * oc * job.w.shape[1] * job.w.shape[2] * st.ic * win.ho * win.wo
 
 
@@ -733,10 +827,10 @@ def _alu_chunk(c: _Ctx, job: AluJob, vb_max: int) -> None:
     w_addr, b_addr = _alu_params(c, job)
     rows, cols, vb = _plan_tiles(c, job.name, win, cg, 1, cg, vb_max, 8192, 2048)
     state: dict[str, int] = {}
-    for tile in _tiles(win, rows, cols):
-        ib, ob = _strip(c, job.name, job.inp, tile, win.sh, cg, cg)
-        _alu_tile(c, job, tile, ib, ob, w_addr, b_addr, vb, state)
-        _save_rows(c, job.out, tile, ob, 0, ch)
+    _strips(c, list(_tiles(win, rows, cols)),
+            lambda tile: _strip(c, job.name, job.inp, tile, win.sh, cg, cg),
+            lambda tile, ib, ob: _alu_tile(c, job, tile, ib, ob, w_addr, b_addr, vb, state),
+            lambda tile, ob: _save_rows(c, job.out, tile, ob, 0, ch))
 
 
 # ---- layer jobs, the cost estimate and the decisions built on it -----------------------------------------------
