@@ -27,7 +27,7 @@ from opendpu.compiler.fixpoint import (FixPointError, LEAKY_ALPHA, avg_pool_fact
 from opendpu.compiler.program import DdrImage, DpuProgram, Layer
 from opendpu.compiler.xir.dpu_abi import CONST, INTERFACE, WORKSPACE, Register, RegisterMap
 from opendpu.compiler.xir.graph import Graph, Op, Tensor
-from opendpu.isa.deps import ExactTokenPlanner, TokenPlanner
+from opendpu.isa.deps import ExactTokenPlanner, KeySpace, TokenPlanner
 from opendpu.isa.errors import OpenDpuError
 from opendpu.isa.fields import FIELDS
 from opendpu.isa.footprint import InitState, footprint_of
@@ -1361,7 +1361,8 @@ class _Plan:
 
 def generate(graph: Graph, op_names: list[str], target: Target, name: str = "subgraph",
              log: Callable[[str], None] | None = None, channel_augmentation: bool = True,
-             fuse: bool = True, exact_tokens: bool = True, pipeline: bool = True) -> DpuProgram:
+             fuse: bool = True, exact_tokens: bool = True, pipeline: bool = True,
+             prefetch_layers: bool = True) -> DpuProgram:
     """Compile the ops `op_names` of `graph` (one DPU subgraph) for `target` (module docstring).
     `channel_augmentation` lets convs with few input channels fold kw into the LOAD items, `fuse` lets a
     producer and its only (ALU) consumer share one superlayer with the intermediate on chip; each is taken per
@@ -1516,8 +1517,18 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
     c.s.add("END")
     c.s.layer_of[-1] = len(layers) - 1
     layers[-1].count += 1
-    instrs = _tokens(t, c.s.ins, exact_tokens,
-                     {REG_CONST: max(1, len(c.blob)), **{r: max(1, v) for r, v in sizes.items()}})
+    keys = _footprint_keys(t, c.s.ins, {REG_CONST: max(1, len(c.blob)), **{r: max(1, v) for r, v in sizes.items()}})
+    if prefetch_layers:
+        order = _prefetch_layers(c.s.ins, c.s.layer_of, keys)
+        c.s.ins = [c.s.ins[k] for k in order]
+        c.s.layer_of = [c.s.layer_of[k] for k in order]
+        keys = [keys[k] for k in order]
+        span: dict[int, list[int]] = {}
+        for k, li in enumerate(c.s.layer_of):
+            span.setdefault(li, [k, k])[1] = k
+        for li, (a, b) in span.items():                  # a layer's hull (its opening LOADs moved up)
+            layers[li].first, layers[li].count = a, b - a + 1
+    instrs = _tokens(t, c.s.ins, exact_tokens, keys)
     regs = [Register(REG_CONST, CONST, max(1, len(c.blob)), bytes(c.blob))]
     if sizes[REG_WORKSPACE]:
         regs.append(Register(REG_WORKSPACE, WORKSPACE, sizes[REG_WORKSPACE]))
@@ -1733,12 +1744,88 @@ def _pairable(a: Instruction, b: Instruction) -> bool:
     return ra != rb or a1 <= b0 or b1 <= a0
 
 
-def _tokens(t: Target, ins: list[Instruction], exact: bool, reg_sizes: dict[int, int]) -> list[Instruction]:
-    """Place dpdon/dpdby from the footprints (isa.deps.TokenPlanner); the last SAVE waits for all work. Adjacent
-    SAVEs of different banks go out as pairs (hp_id 0 waits for both, hp_id 1 signals for both), except the last
-    SAVE, which must carry the final waits itself."""
-    planner = (ExactTokenPlanner if exact else TokenPlanner)(t, line_chunk=TOKEN_LINES, ddr_chunk=64)
+_INIT_OPS = ("CONVINIT", "ALUINIT", "ELEWINIT")
+
+
+def _footprint_keys(t: Target, ins: list[Instruction], reg_sizes: dict[int, int]) -> list[tuple[set, set]]:
+    """(read keys, write keys) of every instruction in the token planner's key space (8-line / 64-byte chunks)."""
+    space = KeySpace(t, line_chunk=TOKEN_LINES, ddr_chunk=64)
     state = InitState()
+    keys = []
+    for x in ins:
+        if x.op == "END":
+            keys.append((set(), set()))
+            continue
+        keys.append(space.footprint_keys(footprint_of(x.op, x.fields, state, t, reg_sizes)))
+        state.update(x.op, x.fields)
+    return keys
+
+
+def _prefetch_layers(ins: list[Instruction], layer_of: list[int], keys: list[tuple[set, set]]) -> list[int]:
+    """Cross-layer prefetch (vai-c-program-patterns §7 item 4): the LOADs that open a layer (bias, weights, its
+    first strip's rows: the LOADs before its first other non-INIT instruction) move up into the previous layer's
+    tail, the instructions after the LOAD engine's last earlier LOAD, spread after its CONV / ALU / ELEW
+    instructions (so the dispatcher is not held behind a full LOAD queue) and never above an instruction they
+    conflict with (a SAVE of the rows they read, a reader of the lines they overwrite: keys at the planner's
+    granularity), in their own order. Only LOADs move, and LOAD footprints do not depend on INIT state, so every
+    instruction's meaning is unchanged. Returns the new order (indices into `ins`)."""
+    out: list[int] = []
+    last_load = -1                                       # position in `out` of the latest LOAD
+    n = len(ins)
+    i = 0
+    while i < n:
+        j = i
+        while j < n and layer_of[j] == layer_of[i]:
+            j += 1
+        head: list[int] = []
+        k = i
+        while k < j and (ins[k].op == "LOAD" or ins[k].op in _INIT_OPS):
+            if ins[k].op == "LOAD":
+                head.append(k)
+            k += 1
+        r0 = last_load + 1
+        if head and i > 0 and r0 < len(out):
+            moved = set(head)
+            region = out[r0:]
+            comp = [p for p, x in enumerate(region) if ins[x].op in _COMPUTE_OPS]
+            slots: dict[int, list[int]] = {}             # region position before which LOADs go (len: the end)
+            floor = 0
+            for m, h in enumerate(head):
+                rh, wh = keys[h]
+                e = floor
+                for p in range(len(region) - 1, floor - 1, -1):
+                    rx, wx = keys[region[p]]
+                    if (wh and (not wh.isdisjoint(rx) or not wh.isdisjoint(wx))) or (rh and not rh.isdisjoint(wx)):
+                        e = p + 1
+                        break
+                want = comp[m * len(comp) // len(head)] + 1 if comp else len(region)
+                pos = max(e, want)
+                while pos < len(region) and ins[region[pos - 1]].op not in _COMPUTE_OPS:
+                    pos += 1                             # only right after a compute instruction (or at the end)
+                floor = pos
+                slots.setdefault(pos, []).append(h)
+            merged: list[int] = []
+            for p in range(len(region) + 1):
+                merged.extend(slots.get(p, ()))
+                if p < len(region):
+                    merged.append(region[p])
+            out[r0:] = merged
+            out.extend(x for x in range(i, j) if x not in moved)
+        else:
+            out.extend(range(i, j))
+        for q in range(len(out) - 1, last_load, -1):
+            if ins[out[q]].op == "LOAD":
+                last_load = q
+                break
+        i = j
+    return out
+
+
+def _tokens(t: Target, ins: list[Instruction], exact: bool, keys: list[tuple[set, set]]) -> list[Instruction]:
+    """Place dpdon/dpdby from the footprint keys (isa.deps.TokenPlanner / ExactTokenPlanner); the last SAVE waits
+    for all work. Adjacent SAVEs of different banks go out as pairs (hp_id 0 waits for both, hp_id 1 signals for
+    both), except the last SAVE, which must carry the final waits itself."""
+    planner = (ExactTokenPlanner if exact else TokenPlanner)(t, line_chunk=TOKEN_LINES, ddr_chunk=64)
     last_save = max(i for i, x in enumerate(ins) if x.op == "SAVE")
     out = list(ins)
     i = 0
@@ -1748,19 +1835,16 @@ def _tokens(t: Target, ins: list[Instruction], exact: bool, reg_sizes: dict[int,
             planner.add("END", wait=False)
             i += 1
             continue
-        fp = footprint_of(x.op, x.fields, state, t, reg_sizes)
-        state.update(x.op, x.fields)
         if i + 1 < last_save and _pairable(x, ins[i + 1]):
             y = ins[i + 1]
-            fp2 = footprint_of(y.op, y.fields, state, t, reg_sizes)
-            (r1, w1), (r2, w2) = planner.keys(fp), planner.keys(fp2)
+            (r1, w1), (r2, w2) = keys[i], keys[i + 1]
             planner.add("SAVE", keys=(r1 | r2, w1 | w2), pair=0)
             planner.add("SAVE", keys=(r2, w2), pair=1)
             out[i] = replace(x, fields=dict(x.fields, hp_id=0))
             out[i + 1] = replace(y, fields=dict(y.fields, hp_id=1))
             i += 2
             continue
-        planner.add(x.op, fp)
+        planner.add(x.op, keys=keys[i])
         if i == last_save:
             planner.order_after_all(i)
         i += 1

@@ -43,7 +43,7 @@ class CompileError(OpenDpuError, ValueError):
 
 
 KNOWN_OPTIONS = ("input_shape", "output_ops", "prefetch", "hd_opt", "plugins", "channel_augmentation", "fuse",
-                 "exact_tokens", "pipeline")
+                 "exact_tokens", "pipeline", "prefetch_layers")
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -106,7 +106,8 @@ def check_options(options: dict) -> dict:
             out[k] = _shape_list(v)
         elif k == "output_ops":
             out[k] = _op_list(v)
-        elif k in ("prefetch", "hd_opt", "channel_augmentation", "fuse", "exact_tokens", "pipeline"):
+        elif k in ("prefetch", "hd_opt", "channel_augmentation", "fuse", "exact_tokens", "pipeline",
+                   "prefetch_layers"):
             out[k] = _bool_option(k, v)
         elif k == "plugins":
             if v not in ("", None, []):
@@ -348,7 +349,8 @@ def p_codegen(ctx: CompileContext) -> CompileContext:
                                         channel_augmentation=ctx.options.get("channel_augmentation", True),
                                         fuse=ctx.options.get("fuse", True),
                                         exact_tokens=ctx.options.get("exact_tokens", True),
-                                        pipeline=ctx.options.get("pipeline", True))
+                                        pipeline=ctx.options.get("pipeline", True),
+                                        prefetch_layers=ctx.options.get("prefetch_layers", True))
     n = sum(len(p.instructions) for p in ctx.programs.values())
     ctx.summary = f"{len(ctx.programs)} DPU subgraph(s), {n} instructions"
     return ctx

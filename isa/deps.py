@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from .fields import BY_NAME, Engine
 from .footprint import Access, Footprint
 from .program import Instruction, IsaError
@@ -304,6 +306,26 @@ class TokenPlanner:
         return Step(i, ENGINES[e], self.dpdon[i], self.dpdby[i], tuple(waits))
 
 
+class _KeyState:
+    """Per-key state of `ExactTokenPlanner` for one key space, as dense arrays indexed by the key's chunk: `w` the
+    last writer (-1: none), `we` its engine, `rd[E]` the latest reader of engine E (readers are not cleared by a
+    write: an older reader is ordered before the writer, so waiting on the writer covers it)."""
+
+    def __init__(self) -> None:
+        self.w = np.full(0, -1, np.int64)
+        self.we = np.zeros(0, np.int64)
+        self.rd = np.full((4, 0), -1, np.int64)
+
+    def ensure(self, n: int) -> None:
+        m = len(self.w)
+        if n <= m:
+            return
+        n = max(n, 2 * m, 1024)
+        self.w = np.concatenate([self.w, np.full(n - m, -1, np.int64)])
+        self.we = np.concatenate([self.we, np.zeros(n - m, np.int64)])
+        self.rd = np.concatenate([self.rd, np.full((4, n - m), -1, np.int64)], axis=1)
+
+
 class ExactTokenPlanner:
     """Token placement on the conflicting instruction itself, not on the producer engine's latest one.
 
@@ -335,8 +357,10 @@ class ExactTokenPlanner:
         self.engine: list[Engine] = []
         self.hb: list[tuple[int, int, int, int]] = []
         self._last = [-1, -1, -1, -1]
-        self._writer: dict[int, int] = {}                       # key -> index of its last writer
-        self._reader: list[dict[int, int]] = [{} for _ in range(4)]   # engine -> key -> its latest reader
+        # per key (dense arrays per key space): its last writer (-1: none), that writer's engine, the latest
+        # reader of each engine
+        self._bank = _KeyState()
+        self._ddr: dict[int, _KeyState] = {}
         self._partner: dict[int, int] = {}                      # first SAVE of a pair -> its second
         self.pair_open = False
 
@@ -351,39 +375,57 @@ class ExactTokenPlanner:
         """Index of the latest instruction of `engine` (-1: none yet)."""
         return self._last[engine]
 
+    def _split(self, keys: set) -> list[tuple["_KeyState", np.ndarray]]:
+        """The keys as (state arrays, dense indices) per key space: bank lines, then each DDR register."""
+        if not keys:
+            return []
+        a = np.fromiter(keys, np.int64, len(keys))
+        out = []
+        b = a[a >= 0]
+        if b.size:
+            self._bank.ensure(int(b.max()) + 1)
+            out.append((self._bank, b))
+        d = a[a < 0]
+        if d.size:
+            v = -1 - d
+            reg = v >> 40
+            ch = v & ((1 << 40) - 1)
+            for r in np.unique(reg).tolist():
+                c = ch[reg == r]
+                st = self._ddr.get(r)
+                if st is None:
+                    st = self._ddr[r] = _KeyState()
+                st.ensure(int(c.max()) + 1)
+                out.append((st, c))
+        return out
+
     def needs(self, C: int, R: set, W: set) -> list[int]:
         """Per engine P, the latest P instruction that a new instruction of engine C with these keys conflicts
         with (-1: none; C's own entry is always -1)."""
-        need = [-1, -1, -1, -1]
-        eng = self.engine
-        wr = self._writer
-        for key in R:
-            x = wr.get(key)
-            if x is not None:
-                P = eng[x]
-                if P != C and x > need[P]:
-                    need[P] = x
-        if W:
-            for key in W:
-                x = wr.get(key)
-                if x is not None:
-                    P = eng[x]
-                    if P != C and x > need[P]:
-                        need[P] = x
-            for P in range(4):
-                if P == C:
-                    continue
-                rd = self._reader[P]
-                if not rd:
-                    continue
-                m = need[P]
-                for key in W:
-                    x = rd.get(key)
-                    if x is not None and x > m:
-                        m = x
-                need[P] = m
-        need[C] = -1
-        return need
+        return self._needs(C, self._split(R), self._split(W))
+
+    @staticmethod
+    def _needs(C: int, sR: list, sW: list) -> list[int]:
+        need = np.full(4, -1, np.int64)
+        for st, idx in sR + sW:                       # the last writer of every key read or written
+            w = st.w[idx]
+            ok = w >= 0
+            if ok.any():
+                np.maximum.at(need, st.we[idx][ok], w[ok])
+        for st, idx in sW:                            # the latest reader of every key written
+            np.maximum(need, st.rd[:, idx].max(axis=1), out=need)
+        out = need.tolist()
+        out[C] = -1
+        return out
+
+    @staticmethod
+    def _record(i: int, C: int, sR: list, sW: list) -> None:
+        """Instruction i of engine C reads sR and writes sW: it becomes their last writer / C's latest reader."""
+        for st, idx in sW:
+            st.w[idx] = i
+            st.we[idx] = C
+        for st, idx in sR:
+            st.rd[C, idx] = i
 
     def _clock(self, C: int) -> list[int]:
         j = self._last[C]
@@ -444,7 +486,7 @@ class ExactTokenPlanner:
                 if not self.pair_open:
                     raise TokenError("second SAVE of a pair without a first", i)
                 v = self._clock(e)
-                need = self.needs(e, R, W)
+                need = self._needs(e, self._split(R), self._split(W))
                 if any(need[P] > v[P] for P in range(4)):
                     raise TokenError("the second SAVE of a pair would need a wait of its own; the first SAVE "
                                      "waits for both", i)
@@ -456,16 +498,11 @@ class ExactTokenPlanner:
         v = self._clock(e)
         self.hb.append((-1, -1, -1, -1))
         waits: list[int] = []
+        sR, sW = self._split(R), self._split(W)
         if wait and (R or W):
-            waits = self._resolve(i, e, self.needs(e, R, W), v)
+            waits = self._resolve(i, e, self._needs(e, sR, sW), v)
         self.hb[i] = tuple(v)
-        wr = self._writer
-        for key in W:
-            wr[key] = i
-        if R:
-            rd = self._reader[e]
-            for key in R:
-                rd[key] = i
+        self._record(i, e, sR, sW)
         if pair == 1:
             self._partner[self._last[e]] = i
         self._last[e] = i
@@ -557,5 +594,6 @@ def find_races(instrs: Sequence[Instruction], footprints: Sequence[Footprint], t
     return races
 
 
-__all__ = ["ALL_BITS", "ENGINES", "ExactTokenPlanner", "KeySpace", "Race", "Step", "TokenError", "TokenPlanner", "bit", "cross",
+__all__ = ["ALL_BITS", "ENGINES", "ExactTokenPlanner",
+           "KeySpace", "Race", "Step", "TokenError", "TokenPlanner", "bit", "cross",
            "engine_of", "engines_of", "find_races", "mask", "token_counts"]
