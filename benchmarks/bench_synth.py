@@ -60,6 +60,10 @@ def main(argv=None) -> int:
             r = {"target": t.name, "status": "timeout" if isinstance(e, synth.SynthTimeout) else "error",
                  "error": str(e), **e.partial}
             print(f"  {r['status']}: {e}", flush=True)
+            if r.get("memories"):
+                print(f"  memories mapped before it stopped: {len(r['memories'])}, in flip-flops: "
+                      f"{r['memories_in_ff']} ({r['memory_bits_in_ff']} bits)")
+                print("\n".join(synth.format_memories(r["memories"])), flush=True)
         r["wall_seconds"] = round(time.monotonic() - t0, 1)
         bram, dsp = PG338.get(t.name, (None, None))
         r["pg338_bram36"], r["pg338_dsp"] = bram, dsp

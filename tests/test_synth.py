@@ -163,12 +163,14 @@ def test_memory_and_ltp_log_parsers():
            "mapping memory dpu_core.banks.bank8 via $__XILINX_BLOCKRAM_SDP_\n"
            "using FF mapping for memory dpu_core.banks.bank0\n"
            "mapping memory dpu_core.x.fifo via $__XILINX_LUTRAM_SDP_\n"
-           "mapping memory dpu_core.y.big via $__XILINX_ULTRARAM_\n")
+           "mapping memory dpu_core.y.big via $__XILINX_ULTRARAM_\n"
+           "using FF mapping for memory dpu_core.control.$auto$proc_rom.cc:155:do_switch$122425\n")
     sizes = synth.verilog_memory_sizes("  reg [63:0] bank0 [2047:0];\n  reg [63:0] bank8 [2047:0];\n")
     assert sizes == {"bank0": (64, 2048), "bank8": (64, 2048)}
     mems = synth.parse_memories(log, sizes)
     assert [(m["name"].rsplit(".", 1)[1], m["mapped"], m["depth"]) for m in mems] == [
-        ("bank8", "bram", 2048), ("bank0", "ff", 2048), ("fifo", "lutram", None), ("big", "uram", None)]
+        ("bank8", "bram", 2048), ("bank0", "ff", 2048), ("fifo", "lutram", None), ("big", "uram", None),
+        ("cc:155:do_switch$122425", "rom-logic", None)]
     assert synth.parse_ltp("Longest topological path in top (length=8):\n    0: x\n") == 8
     assert synth.parse_ltp("nothing") is None
     assert synth.last_step(log) == "2.32. Executing MEMORY_LIBMAP pass (mapping memories to cells)."
