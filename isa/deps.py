@@ -362,6 +362,7 @@ class ExactTokenPlanner:
         self._bank = _KeyState()
         self._ddr: dict[int, _KeyState] = {}
         self._partner: dict[int, int] = {}                      # first SAVE of a pair -> its second
+        self._signal_of: dict[tuple[int, int], int] = {}        # (waiter, engine waited on) -> the signaller
         self.pair_open = False
 
     def __len__(self) -> int:
@@ -439,6 +440,10 @@ class ExactTokenPlanner:
             raise TokenError("nothing may wait on the SAVE engine between the two SAVEs of a pair", i)
         if self.dpdby[x] >> C & 1:          # cannot happen (class docstring); a second token would unbalance
             raise TokenError(f"instruction {x} already signals {ENGINES[C].name}", i)
+        y = self._signal_of.get((i, P))
+        if y is not None:                   # i already waits on P (one bit, one token): move that signal to x,
+            self.dpdby[y] &= ~(1 << C)      # the later one (still the latest signal on (P, C): order kept)
+        self._signal_of[(i, P)] = x
         self.dpdby[x] |= 1 << C
         self.dpdon[i] |= 1 << P
         h = self.hb[x]
@@ -492,15 +497,18 @@ class ExactTokenPlanner:
                                      "waits for both", i)
                 wait = False
             on, by = (b, 0) if pair == 0 else (0, b)
+        v = self._clock(e)
+        sR, sW = self._split(R), self._split(W)
+        need = self._needs(e, sR, sW) if wait and (R or W) else None
+        if need is not None and pair is None and self.pair_open and need[_SAVE] > v[_SAVE]:
+            raise TokenError(f"{op} conflicts with an open SAVE pair and cannot wait on it", i)
         self.dpdon.append(on)
         self.dpdby.append(by)
         self.engine.append(ENGINES[e])
-        v = self._clock(e)
         self.hb.append((-1, -1, -1, -1))
         waits: list[int] = []
-        sR, sW = self._split(R), self._split(W)
-        if wait and (R or W):
-            waits = self._resolve(i, e, self._needs(e, sR, sW), v)
+        if need is not None:
+            waits = self._resolve(i, e, need, v)
         self.hb[i] = tuple(v)
         self._record(i, e, sR, sW)
         if pair == 1:

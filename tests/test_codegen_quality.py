@@ -146,6 +146,13 @@ def _op(g, typ, k=0):
     return [n for n in g.toposort() if g.ops[n].type == typ][k]
 
 
+def _layer_ins(prog, op_name: str) -> list:
+    """The instructions of the layer that realises `op_name` (by the layer map: a layer's opening LOADs may sit in
+    the previous layer's tail, codegen._prefetch_layers)."""
+    k = next(i for i, ly in enumerate(prog.layers) if op_name in ly.ops)
+    return [x for x, ly in zip(prog.instructions, prog.layer_of) if ly == k]
+
+
 def _saved_bytes(prog) -> int:
     return sum(x.fields["length"] * x.fields["channel"] for x in prog.instructions if x.op == "SAVE")
 
@@ -163,8 +170,7 @@ def test_channel_augmentation(graphs, model, kw, ic, sw, target):
     on = _compile(g, t, fuse=False)
     off = _compile(g, t, fuse=False, channel_augmentation=False)
     first = _op(g, "conv2d-fix")
-    lay = next(ly for ly in on.layers if first in ly.ops)
-    ins = on.instructions[lay.first:lay.first + lay.count]
+    ins = _layer_ins(on, first)
     img = [x for x in ins if x.op == "LOAD" and x.fields["reg_id"] != codegen.REG_CONST]
     if model == "stem" and target == "PP2_CP4_D512":
         # 9 bytes per item on 4-byte lines: 3 lines per item for a third of the items, and the CONV cycles stay
@@ -227,7 +233,7 @@ def test_fused_stride2_consumer_uses_stride_out_2(graphs):
     prog = _compile(g, t, channel_augmentation=False)
     p = _op(g, "conv2d-fix", 1)
     lay = next(ly for ly in prog.layers if p in ly.ops)
-    ins = prog.instructions[lay.first:lay.first + lay.count]
+    ins = _layer_ins(prog, lay.ops[0])
     ci = [x for x in ins if x.op == "CONVINIT"]
     ai = [x for x in ins if x.op == "ALUINIT"]
     assert ci and all(x.fields["stride_out"] == 2 for x in ci)
