@@ -206,7 +206,8 @@ class _Ctx:
     ws_alloc: Callable[[int], int] | None = None        # workspace bytes for temporaries (REG_1 offset)
     aug: bool = False                 # channel augmentation allowed (decided per layer by the cost estimate)
     capture: list | None = None       # when set, _run collects the layer jobs instead of emitting them
-    pipeline: bool = False            # software-pipelined strip order (_pipelined)
+    pipeline: bool = False            # software-pipelined strip order (_strips)
+    param_align: int = 1              # start of each parameter ring allocation (TOKEN_LINES with prefetch_layers)
 
     def temp(self, h: int, w: int, ch: int, fp: int) -> FMap:
         """A dense temporary feature map in the workspace."""
@@ -666,7 +667,7 @@ def _conv_setup(c: _Ctx, job: ConvJob) -> _ConvSetup:
                            f"(kernel {kw}x{kh} x {cg} channel groups), more than bank_depth {c.depth}")
     per_group = max(1, min(n_sl, c.depth // lines_slice, c.depth // 2))
     b_off = c.const(job.b.astype(np.int8).tobytes())
-    b_base = c.bias.alloc(n_sl, f"layer {job.name!r} bias")
+    b_base = c.bias.alloc(n_sl, f"layer {job.name!r} bias", c.param_align)
     c.s.add("LOAD", bank_addr=b_base, bank_id=t.bias_bank, jump_write=1, jump_read=oc, length=1, channel=oc,
             pad_idx=1, reg_id=REG_CONST, ddr_addr=b_off)
     return _ConvSetup(cg, ic, n_sl, lines_slice, per_group, b_base, _block_rows(t, job.win, t.pp))
@@ -678,7 +679,7 @@ def _conv_weights(c: _Ctx, job: ConvJob, st: _ConvSetup, g0: int, nsg: int) -> i
     t = c.target
     oc, kh, kw, ic = job.w.shape
     K, cg = kh * kw, st.cg
-    w_base = c.convw.alloc(nsg * st.lines_slice, f"layer {job.name!r} weights")
+    w_base = c.convw.alloc(nsg * st.lines_slice, f"layer {job.name!r} weights", c.param_align)
     for o in range(t.cp):
         chans = [s * t.cp + o for s in range(g0, g0 + nsg) if s * t.cp + o < oc]
         if not chans:
@@ -783,12 +784,12 @@ def _alu_params(c: _Ctx, job: AluJob) -> tuple[int, int]:
     if job.weights is not None:
         wl = np.ascontiguousarray(job.weights.reshape(-1, ch))
         off = c.const(wl.tobytes())
-        w_addr = c.dwconvw.alloc(wl.shape[0] * cg, f"layer {job.name!r} weights")
+        w_addr = c.dwconvw.alloc(wl.shape[0] * cg, f"layer {job.name!r} weights", c.param_align)
         c.s.add("LOAD", bank_addr=w_addr, bank_id=t.dwconvw_bank, jump_write=cg, jump_read=ch, length=wl.shape[0],
                 channel=ch, pad_idx=1, reg_id=REG_CONST, ddr_addr=off)
     if job.bias is not None:
         off = c.const(np.ascontiguousarray(job.bias).astype(np.int8).tobytes())
-        b_addr = c.bias.alloc(cg, f"layer {job.name!r} bias")
+        b_addr = c.bias.alloc(cg, f"layer {job.name!r} bias", c.param_align)
         c.s.add("LOAD", bank_addr=b_addr, bank_id=t.bias_bank, jump_write=1, jump_read=ch, length=1, channel=ch,
                 pad_idx=1, reg_id=REG_CONST, ddr_addr=off)
     return w_addr, b_addr
@@ -1386,6 +1387,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
     c.graph = graph
     c.aug = channel_augmentation
     c.pipeline = pipeline
+    c.param_align = TOKEN_LINES if prefetch_layers else 1   # one layer's parameters share no key with the next's
     fm: dict[str, FMap] = {}
     dense = _dense
     # images read by a conv that may be channel-augmented with left padding get DDR_ALIGN bytes of slack before
@@ -1745,6 +1747,7 @@ def _pairable(a: Instruction, b: Instruction) -> bool:
 
 
 _INIT_OPS = ("CONVINIT", "ALUINIT", "ELEWINIT")
+PREFETCH_PER_SLOT = 3        # prefetched LOADs after one compute instruction: fewer than the 4-deep LOAD queue
 
 
 def _footprint_keys(t: Target, ins: list[Instruction], reg_sizes: dict[int, int]) -> list[tuple[set, set]]:
@@ -1800,8 +1803,9 @@ def _prefetch_layers(ins: list[Instruction], layer_of: list[int], keys: list[tup
                         break
                 want = comp[m * len(comp) // len(head)] + 1 if comp else len(region)
                 pos = max(e, want)
-                while pos < len(region) and ins[region[pos - 1]].op not in _COMPUTE_OPS:
-                    pos += 1                             # only right after a compute instruction (or at the end)
+                while pos < len(region) and (ins[region[pos - 1]].op not in _COMPUTE_OPS
+                                             or len(slots.get(pos, ())) >= PREFETCH_PER_SLOT):
+                    pos += 1                             # right after a compute instruction (or at the end)
                 floor = pos
                 slots.setdefault(pos, []).append(h)
             merged: list[int] = []

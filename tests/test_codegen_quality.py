@@ -1,11 +1,13 @@
 """Compile-quality optimisations of the code generator (issue 16; docs/compiler.md): channel augmentation of convs
-with few input channels and a producer fused with its only ALU consumer (the intermediate stays on chip).
+with few input channels, a producer fused with its only ALU consumer (the intermediate stays on chip), tokens on the
+exact conflicting instruction, the software-pipelined strip order and the cross-layer prefetch.
 
-Each small graph is compiled with the optimisation on and off (the `channel_augmentation` / `fuse` switches of
-`codegen.generate`). The optimised program must take the new path (its instruction pattern is asserted), equal the
-golden reference (`GraphRunner(backend="ref")`) byte for byte on every output and stored workspace tensor from
-random bank contents on several targets, have no race (isa.deps.find_races), and need fewer cycles on the cycle
-model (sim.timing.simulate) than the program without the optimisation.
+Each small graph is compiled with the optimisation on and off (the `channel_augmentation` / `fuse` /
+`exact_tokens` / `pipeline` / `prefetch_layers` switches of `codegen.generate`). The optimised program must take the
+new path (its instruction pattern is asserted), equal the golden reference (`GraphRunner(backend="ref")`) byte for
+byte on every output and stored workspace tensor from random bank contents on several targets, have no race
+(isa.deps.find_races), and need fewer cycles on the cycle model (sim.timing.simulate) than the program without the
+optimisation.
 """
 from __future__ import annotations
 
@@ -13,12 +15,12 @@ import os
 import sys
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper as oh, numpy_helper
 
 from opendpu.compiler import codegen
 from opendpu.compiler.xir.graph import Graph
+from opendpu.isa.fields import Engine
 from opendpu.isa.target import Target
 from opendpu.quant.quantize import QuantConfig, quantize
 from opendpu.sim.timing import simulate
@@ -116,7 +118,14 @@ def _alu_alu():
                                                                            strides=[2, 2])
 
 
-MODELS = {"stem": _stem, "lenet": _lenet, "pillars": _pillars, "dw_pool": _dw_pool, "alu_alu": _alu_alu}
+def _strips():
+    """Three convs (3x3 pads 1, 3x3 pads 1, 1x1) over a 40x64 map of 32 channels: several strips per layer on B512,
+    B1152 and PP2_CP4_D512 (column tiles there), one strip on B4096."""
+    return _Net((1, 32, 40, 64)).conv(32, 3, 1, 1).op("Relu").conv(16, 3, 1, 1).op("Relu").conv(16, 1)
+
+
+MODELS = {"stem": _stem, "lenet": _lenet, "pillars": _pillars, "dw_pool": _dw_pool, "alu_alu": _alu_alu,
+          "strips": _strips}
 
 
 @pytest.fixture(scope="module")
@@ -245,6 +254,8 @@ def test_both_on_all_models_exact_and_faster(graphs):
     """Both optimisations together on every model (B512): exact, race-free, and faster than neither."""
     t = TARGETS["B512"]()
     for name, (g, shape) in graphs.items():
+        if name == "strips":                     # neither applies there (no few-channel conv, no ALU consumer)
+            continue
         on, off = _compile(g, t), _compile(g, t, channel_augmentation=False, fuse=False)
         _check_exact(g, shape, on, t)
         assert _cycles(on) < _cycles(off), name
@@ -287,3 +298,106 @@ def test_fusion_refused_when_the_intermediate_has_two_consumers():
     conv, pool = _op(g, "conv2d-fix"), _op(g, "pool-fix")
     assert not any(conv in ly.ops and pool in ly.ops for ly in prog.layers)
     _check_exact(g, (1, 12, 12, 3), prog, t)
+
+
+# ---- tokens on the conflicting instruction, software-pipelined strips, cross-layer prefetch ----------------------
+def _signallers(prog) -> list[tuple[int, int, int]]:
+    """(waiter, engine waited on, signaller) of every cross-engine wait: the k-th wait on (P, C) pairs with the
+    k-th signal (spec §5.2)."""
+    sig: dict[tuple[int, int], list[int]] = {}
+    used: dict[tuple[int, int], int] = {}
+    out = []
+    for i, x in enumerate(prog.instructions):
+        C = int(x.engine)
+        for P in range(4):
+            if P != C and x.dpdon >> P & 1:
+                k = used.get((P, C), 0)
+                used[(P, C)] = k + 1
+                out.append((i, P, sig[(P, C)][k]))
+        for Q in range(4):
+            if Q != C and x.dpdby >> Q & 1:
+                sig.setdefault((C, Q), []).append(i)
+    return out
+
+
+def _first_index(prog, op_name, pred) -> int:
+    k = next(i for i, ly in enumerate(prog.layers) if op_name in ly.ops)
+    return next(i for i, (x, ly) in enumerate(zip(prog.instructions, prog.layer_of)) if ly == k and pred(x))
+
+
+@pytest.mark.parametrize("target", ["B512", "B1152", "PP2_CP4_D512"])
+def test_pipelined_strips(graphs, target):
+    """Strip k+1's LOADs come before strip k's SAVEs in program order (between the layer's first CONV and its first
+    SAVE there are image LOADs); the plain order has none there. Exact, race-free and faster."""
+    g, shape = graphs["strips"]
+    t = TARGETS[target]()
+    on, off = _compile(g, t), _compile(g, t, pipeline=False)
+    conv = _op(g, "conv2d-fix", 0)
+
+    def loads_before_first_save(prog):
+        a = _first_index(prog, conv, lambda x: x.op == "CONV")
+        b = _first_index(prog, conv, lambda x: x.op == "SAVE")
+        return [x for x in prog.instructions[a:b] if x.op == "LOAD" and x.fields["reg_id"] != codegen.REG_CONST]
+
+    assert loads_before_first_save(on) and not loads_before_first_save(off)
+    _check_exact(g, shape, on, t)
+    assert _cycles(on) < _cycles(off)
+
+
+@pytest.mark.parametrize("target", ["B512", "B4096", "PP2_CP4_D512"])
+def test_exact_tokens(graphs, target):
+    """A SAVE waits on the CONV that produced its rows, which is not the CONV engine's latest instruction before it
+    (the engine-latest rule never does that); exact, race-free and faster than with exact_tokens off."""
+    g, shape = graphs["strips"]
+    t = TARGETS[target]()
+    on, off = _compile(g, t), _compile(g, t, exact_tokens=False)
+
+    def early_signals(prog):
+        ins = prog.instructions
+        conv = int(Engine.CONV)
+        n = 0
+        for i, P, x in _signallers(prog):
+            if ins[i].op == "SAVE" and P == conv:
+                latest = max(j for j in range(i) if ins[j].op in ("CONV", "CONVINIT"))
+                n += x < latest
+        return n
+
+    assert early_signals(on) > 0 and early_signals(off) == 0
+    _check_exact(g, shape, on, t)
+    assert _cycles(on) < _cycles(off)
+
+
+def test_prefetch_layers(graphs):
+    """B4096: a layer's bias / weight LOADs move into the previous layer's tail (before its last CONV), never above
+    an instruction they conflict with; exact, race-free, faster than without; off, every layer starts after the
+    previous one's last instruction."""
+    g, shape = graphs["strips"]
+    t = TARGETS["B4096"]()
+    on, off = _compile(g, t), _compile(g, t, prefetch_layers=False)
+
+    def early(prog):
+        last_conv: dict[int, int] = {}
+        for i, (x, ly) in enumerate(zip(prog.instructions, prog.layer_of)):
+            if x.op == "CONV":
+                last_conv[ly] = i
+        return [i for i, (x, ly) in enumerate(zip(prog.instructions, prog.layer_of))
+                if x.op == "LOAD" and x.fields["reg_id"] == codegen.REG_CONST and ly - 1 in last_conv
+                and i < last_conv[ly - 1]]
+
+    assert early(on) and not early(off)
+    assert all(b >= a for a, b in zip(off.layer_of, off.layer_of[1:]))
+    _check_exact(g, shape, on, t)
+    assert _cycles(on) < _cycles(off)
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_schedule_options_all_models(graphs, target):
+    """Every model with the three scheduling options on: exact and race-free, never slower than with all three off
+    (the same layers, tiles and instructions, in another order with other tokens)."""
+    for name, (g, shape) in graphs.items():
+        t = TARGETS[target]()
+        on = _compile(g, t)
+        off = _compile(g, t, exact_tokens=False, pipeline=False, prefetch_layers=False)
+        assert len(on.instructions) == len(off.instructions), name
+        _check_exact(g, shape, on, t)
+        assert _cycles(on) <= _cycles(off), name
