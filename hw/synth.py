@@ -113,12 +113,13 @@ _CELL_NEW = re.compile(r"^\s+(\d+)\s+(?:[\d.]+\s+)?(\$?[A-Za-z_][\w$]*)\s*$")
 
 
 def parse_stat(text: str) -> dict[str, int]:
-    """Cell counts {type: n} of the (last, top) module in the text of Yosys `stat` (0.23 or 0.70 layout)."""
-    blocks = re.split(r"^=== .* ===$", text, flags=re.M)
-    if len(blocks) < 2:
+    """Cell counts {type: n} of the last module in the text of Yosys `stat` (0.23 or 0.70 layout); the flow
+    flattens the design, so that is the whole design."""
+    parts = re.split(r"^=== (.*) ===$", text, flags=re.M)     # [pre, name1, body1, name2, body2, ...]
+    blocks = [(parts[i], parts[i + 1]) for i in range(1, len(parts) - 1, 2) if parts[i] != "design hierarchy"]
+    if not blocks:
         raise SynthError("no '=== module ===' block in the stat output")
-    body = blocks[-1]
-    body = re.split(r"^=== design hierarchy ===", body, flags=re.M)[0]
+    body = blocks[-1][1]
     cells: dict[str, int] = {}
     for line in body.splitlines():
         if re.search(r"\b(wires?|wire bits|memories|memory bits|processes|cells|ports|port bits|submodules)\b"
@@ -224,7 +225,7 @@ LTP_SELECTION = "w:* t:LUT* t:MUXF* t:CARRY* t:RAM32M* t:RAM64M* t:RAM*X1D t:RAM
 def script(verilog: str, top: str, family: str = FAMILY, extra: str = "") -> str:
     return "\n".join([
         f"read_verilog {verilog}",
-        f"synth_xilinx -family {family} -top {top} -noiopad -noclkbuf {extra}".rstrip(),
+        f"synth_xilinx -family {family} -top {top} -flatten -noiopad -noclkbuf {extra}".rstrip(),
         "tee -q -o stat.txt stat -tech xilinx",
         f"tee -q -o ltp.txt ltp -noff {LTP_SELECTION}",
         "",

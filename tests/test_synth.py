@@ -156,6 +156,9 @@ def test_stat_parser_rams_dsps():
     assert s["other_cells"] == {"BUFG": 1}
     with pytest.raises(synth.SynthError):
         synth.parse_stat("no statistics here")
+    # the design-hierarchy summary after the module blocks is not a module
+    assert synth.parse_stat("=== a ===\n  5   FDRE\n=== top ===\n  7   LUT6\n=== design hierarchy ===\n"
+                            "  9   FDRE\n") == {"LUT6": 7}
 
 
 def test_memory_and_ltp_log_parsers():
