@@ -1002,36 +1002,66 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: AluJob) -> None:
     # strip k, each followed by the SAVEs of its rows (so no engine queue waits behind a strip's whole tail)
     tiles = list(_tiles(winQ, rows, cols))
     nxt = prepare(tiles[0])
+    deferred: list = [[], None]                           # Q's SAVEs not emitted yet, and the lines they read
     for k, qt in enumerate(tiles):
         pt, ibp, obp, ibq = nxt
         if is_conv:
-            _conv_tile(c, pjob, st, pt, ibp, obp, w_base, 0, st.n_sl, vbP, state_p)
+            _, pseg = _cut(c, lambda: _conv_tile(c, pjob, st, pt, ibp, obp, w_base, 0, st.n_sl, vbP, state_p))
         else:
-            _alu_tile(c, pjob, pt, ibp, obp, pw, pb, vbP, state_p)
+            _, pseg = _cut(c, lambda: _alu_tile(c, pjob, pt, ibp, obp, pw, pb, vbP, state_p))
         moved: list[tuple[Instruction, int]] = []
         if k + 1 < len(tiles):
-            i0 = len(c.s.ins)
-            nxt = prepare(tiles[k + 1])
-            moved = list(zip(c.s.ins[i0:], c.s.layer_of[i0:]))
-            del c.s.ins[i0:], c.s.layer_of[i0:]
+            nxt, moved = _cut(c, lambda: prepare(tiles[k + 1]))
+        n_q = _ceil(qt.rows, vbQ)
+        if c.pipeline and moved:
+            # a share of the next strip's LOADs among P's instructions too (P's strip waits for its own LOADs; a
+            # run of P instructions behind a full queue would hold those LOADs back), when their lines are free
+            n_p = sum(1 for x, _ in pseg if x.op in _COMPUTE_OPS)
+            k_p = len(moved) * n_p // (n_p + n_q)
+            nsp = _buf_span(t, nxt[1])
+            if not (_disjoint(nsp, _buf_span(t, ibp)) and _disjoint(nsp, _buf_span(t, ibq))):
+                k_p = 0
+            if k_p and deferred[0] and not _disjoint(nsp, deferred[1]):
+                _put(c, deferred[0])
+                deferred[0] = []
+            _interleave(c, pseg, moved[:k_p])
+            del moved[:k_p]
+        else:
+            _put(c, pseg)
         Eo = qt.cols * cg
         obq = OutBuf(t.img_base(0), c.img[0].alloc(_ceil(qt.rows, t.pp) * Eo, f"layer {qjob.name!r} output",
                                                     TOKEN_LINES), Eo, cg)
-        per = _ceil(len(moved), _ceil(qt.rows, vbQ)) if moved else 0
+        per = _ceil(len(moved), n_q) if moved else 0
+        ob_span = _buf_span(t, obq, qt.rows)
+        nxt_span = _buf_span(t, nxt[1]) if k + 1 < len(tiles) else None
+        if deferred[0] and not _disjoint(ob_span, deferred[1]):
+            _put(c, deferred[0])                          # Q's blocks overwrite the deferred rows: SAVE them first
+            deferred[0] = []
 
-        def after(j0: int, n: int, qt: Tile = qt, obq: OutBuf = obq) -> None:
-            """The SAVEs of Q's block, then a share of the next strip's LOADs (they touch other lines and bytes,
-            so moving them past Q's block keeps the program's meaning)."""
-            _save_rows(c, qjob.out, qt, obq, 0, ch, range(j0, j0 + n))
-            for x, layer in moved[:per]:
-                c.s.ins.append(x)
-                c.s.layer_of.append(layer)
+        def after(j0: int, n: int, qt: Tile = qt, obq: OutBuf = obq, ob_span=ob_span, nxt_span=nxt_span) -> None:
+            """After Q's block: a share of the next strip's LOADs (they touch other lines and bytes, so moving them
+            past Q's block keeps the program's meaning) and the SAVEs of Q's rows. With `c.pipeline` the SAVEs are
+            those of the previous block (this block's wait for its ALU, and a full SAVE queue would stop the
+            dispatcher before the LOADs behind it), unless the LOADs overwrite their lines."""
+            _, sv = _cut(c, lambda: _save_rows(c, qjob.out, qt, obq, 0, ch, range(j0, j0 + n)))
+            if not c.pipeline:
+                _put(c, sv)
+                _put(c, moved[:per])
+            else:
+                if deferred[0] and moved[:per] and not _disjoint(nxt_span, deferred[1]):
+                    _put(c, deferred[0])
+                    deferred[0] = []
+                _put(c, moved[:per])
+                _put(c, deferred[0])
+                deferred[0], deferred[1] = sv, ob_span
             del moved[:per]
 
         _alu_tile(c, qjob, qt, ibq, obq, qw, qb, vbQ, state_q, after=after)
-        for x, layer in moved:
-            c.s.ins.append(x)
-            c.s.layer_of.append(layer)
+        if moved and deferred[0] and not _disjoint(nxt_span, deferred[1]):
+            _put(c, deferred[0])
+            deferred[0] = []
+        _put(c, moved)
+    _put(c, deferred[0])
     kp = pjob.w.shape[1] * pjob.w.shape[2] * pjob.w.shape[3] if is_conv else pwin.kh * pwin.kw
     c.workload += 2 * ch * kp * pwin.ho * pwin.wo + 2 * ch * winQ.kh * winQ.kw * winQ.ho * winQ.wo
 
