@@ -35,6 +35,7 @@ from opendpu.isa.program import Instruction
 from opendpu.isa.target import Target
 
 REG_CONST, REG_WORKSPACE, REG_IN, REG_OUT = 0, 1, 2, 3
+REG_SCRATCH = 5                  # placeholder images of the decisions' scratch emissions (never in a program)
 TOKEN_LINES = 8                  # line_chunk of the dependency planner (_tokens)
 ADDR_FIELD_LINES = 4096          # 12-bit bank address fields of LOAD / SAVE / CONV (spec §4.3)
 DDR_ALIGN = 64
@@ -208,6 +209,7 @@ class _Ctx:
     capture: list | None = None       # when set, _run collects the layer jobs instead of emitting them
     pipeline: bool = False            # software-pipelined strip order (_strips)
     param_align: int = 1              # start of each parameter ring allocation (TOKEN_LINES with prefetch_layers)
+    fuse_conv: bool = False           # a CONV consumer may be fused with its producer (_fused)
 
     def temp(self, h: int, w: int, ch: int, fp: int) -> FMap:
         """A dense temporary feature map in the workspace."""
@@ -695,8 +697,9 @@ def _conv_weights(c: _Ctx, job: ConvJob, st: _ConvSetup, g0: int, nsg: int) -> i
 
 
 def _conv_tile(c: _Ctx, job: ConvJob, st: _ConvSetup, tile: Tile, ib: InBuf, ob: OutBuf, w_base: int, g0: int,
-               nsg: int, vb: int, state: dict) -> None:
-    """The CONVs of one strip: blocks of <= vb output rows, all slices of the group per block (inner loop)."""
+               nsg: int, vb: int, state: dict, after: Callable[[int, int], None] | None = None) -> None:
+    """The CONVs of one strip: blocks of <= vb output rows, all slices of the group per block (inner loop);
+    `after(j0, rows)` follows each block."""
     t = c.target
     win = job.win
     oc, kh, kw, ic = job.w.shape
@@ -717,6 +720,8 @@ def _conv_tile(c: _Ctx, job: ConvJob, st: _ConvSetup, tile: Tile, ib: InBuf, ob:
             c.s.add("CONV", **inf, **pads, bank_addr_out=addr_out + sl, channel_group=cg,
                     bank_addr_weights=w_base + sl * st.lines_slice, length=tile.cols,
                     bank_addr_bias=st.b_base + g0 + sl, bank_id_out=bank_out, channel_offset=cg * t.cp - ic)
+        if after is not None:
+            after(j0, vpp)
 
 
 def _conv(c: _Ctx, job: ConvJob) -> None:
@@ -884,6 +889,114 @@ def _estimate(t: Target, ins: list[Instruction], layer_of: list[int]) -> int:
     return int(sum(per_layer.values()))
 
 
+_WORDS = {"LOAD": 5, "SAVE": 5, "CONV": 5, "CONVINIT": 4, "ALUINIT": 6, "ALU": 5, "ELEWINIT": 3, "ELEW": 3,
+          "END": 1}
+_ENGINE = {"LOAD": 0, "SAVE": 1, "END": 1, "CONV": 2, "CONVINIT": 2, "ALU": 3, "ALUINIT": 3, "ELEW": 3,
+           "ELEWINIT": 3}
+
+
+def _schedule(t: Target, ins: list[Instruction]) -> int:
+    """Total cycles of a tokened stream by the scheduling rules of the timing contract (docs/microarchitecture.md
+    §2: fetch FIFO, in-order dispatch into queues of `queue_depth`, in-order engines, tokens released at the
+    signaller's retire, SAVE pairs on their ports) with the §3 costs (LOAD items at their full `channel`, as
+    `_estimate`). Every rule refers to earlier instructions only, so one forward pass gives the schedule. The
+    compiler may not import the cycle model (sim); tests/test_codegen_quality.py compares the two."""
+    tm = t.timing
+    W, L, B, ports, Q = t.cp, tm.ddr_latency, tm.ddr_bytes_per_cycle, tm.ddr_ports, tm.queue_depth
+    D, Lf = tm.fetch_fifo_words, tm.fetch_latency
+    n = len(ins)
+    d = [0] * n
+    owner: list[int] = []            # word -> instruction
+    A = Lf - 1
+    d_prev = 0
+    last_s = [0, 0, 0, 0]            # start of the previous instruction of each engine (SAVE: for pairs)
+    last_e = [0, 0, 0, 0]
+    last_r = [0, 0, 0, 0]
+    queue: list[list[int]] = [[], [], [], []]      # starts of each engine's instructions, in order
+    port_e = [0] * ports
+    sig: dict[tuple[int, int], list[int]] = {}     # (P, C) -> retire times of P's signals, in order
+    used: dict[tuple[int, int], int] = {}
+    conv_k = alu_k = 0
+    total = 0
+    for k, x in enumerate(ins):
+        op, f = x.op, x.fields
+        C = _ENGINE[op]
+        for _ in range(_WORDS[op]):                 # fetch
+            j = len(owner)
+            c_j = Lf if j < D else d[owner[j - D]] + Lf
+            A = max(A + 1, c_j)
+            owner.append(k)
+        dk = max(A + 1, d_prev + 1)
+        qc = queue[C]
+        if len(qc) >= Q:
+            dk = max(dk, qc[-Q] + 1)
+        d[k] = d_prev = dk
+        if op == "LOAD":
+            cost = tm.load_setup + L + f["length"] * max(_ceil(f["channel"], B * ports), _ceil(f["channel"], W))
+        elif op == "SAVE":
+            cost = tm.save_setup + f["length"] * max(_ceil(f["channel"], B), _ceil(f["channel"], W)) + L
+        elif op == "CONVINIT":
+            conv_k, cost = f["kernel_h"] * f["kernel_w"], tm.init_cycles
+        elif op == "CONV":
+            cost = tm.conv_latency + f["length"] * conv_k * f["channel_group"]
+        elif op == "ALUINIT":
+            alu_k, cost = f["kernel_h"] * f["kernel_w"] * f["channel_group"] * f["length"], tm.init_cycles
+        elif op == "ALU":
+            cost = tm.alu_latency + alu_k * f["kernel_d"]
+        elif op == "ELEW":
+            cost = tm.elew_latency + f["length"] * f["channel_group"] * f["num"]
+        elif op == "END":
+            cost = tm.end_cycles
+        else:
+            cost = tm.init_cycles
+        if C == 1:
+            avail = last_r[1] if x.dpdon >> 1 & 1 else (last_s[1] + 1 if qc else 0)
+        else:
+            avail = last_e[C]
+        s_k = max(dk + 1, avail)
+        for P in range(4):
+            if P != C and x.dpdon >> P & 1:
+                m = used.get((P, C), 0)
+                used[(P, C)] = m + 1
+                s_k = max(s_k, sig[(P, C)][m])
+        if op == "SAVE":
+            p = f["hp_id"] % ports
+            s_k = max(s_k, port_e[p])
+            port_e[p] = s_k + cost
+        e_k = s_k + cost
+        r_k = max(e_k, last_r[C])
+        last_s[C], last_e[C], last_r[C] = s_k, e_k, r_k
+        qc.append(s_k)
+        for P in range(4):
+            if P != C and x.dpdby >> P & 1:
+                sig.setdefault((C, P), []).append(r_k)
+        total = max(total, r_k)
+        if op == "END":
+            return r_k
+    return total
+
+
+def _program_cost(t: Target, ins: list[Instruction], layer_of: list[int], prefetch: bool) -> int:
+    """`_schedule` of a scratch stream after the same order and token passes as `generate`."""
+    keys = _footprint_keys(t, ins, _scratch_regs(ins))
+    if prefetch:
+        order = _prefetch_layers(ins, layer_of, keys)
+        ins, keys = [ins[k] for k in order], [keys[k] for k in order]
+    return _schedule(t, _tokens(t, ins, True, keys) if any(x.op == "SAVE" for x in ins) else ins)
+
+
+def _scratch_regs(ins: list[Instruction]) -> dict[int, int]:
+    """Register sizes that hold every DDR access of a scratch stream."""
+    size: dict[int, int] = {}
+    for x in ins:
+        if x.op in ("LOAD", "SAVE"):
+            f = x.fields
+            step = f["jump_read"] if x.op == "LOAD" else f["jump_write"]
+            end = f["ddr_addr"] + (f["length"] - 1) * step + f["channel"] + 64
+            size[f["reg_id"]] = max(size.get(f["reg_id"], 1), end)
+    return size
+
+
 def _cost(t: Target, *steps: Callable[["_Ctx"], None]) -> int:
     """Estimated cycles of emitting `steps` (one layer each) into a scratch context; CodegenError propagates."""
     c = _new_ctx(t)
@@ -892,6 +1005,20 @@ def _cost(t: Target, *steps: Callable[["_Ctx"], None]) -> int:
         c.s.layer = k
         step(c)
     return _estimate(t, c.s.ins, c.s.layer_of)
+
+
+def _sched_cost(real: _Ctx, *steps: Callable[["_Ctx"], None]) -> int:
+    """Cycles of `steps` (one layer each) emitted into a scratch context with `real`'s scheduling switches, after
+    the order and token passes of `generate`, by `_schedule`; CodegenError propagates."""
+    t = real.target
+    c = _new_ctx(t)
+    c.ws_alloc = lambda n: 0
+    c.pipeline, c.param_align, c.fuse_conv = real.pipeline, real.param_align, real.fuse_conv
+    for k, step in enumerate(steps):
+        c.s.layer = k
+        step(c)
+    c.s.add("END")
+    return _program_cost(t, c.s.ins, c.s.layer_of, real.param_align > 1)
 
 
 def _choose_aug(c: _Ctx, job: "ConvJob") -> "ConvJob":
@@ -914,8 +1041,8 @@ def _choose_aug(c: _Ctx, job: "ConvJob") -> "ConvJob":
 ALU_KINDS = ("dwconv", "pool", "leaky", "hsigmoid", "relu6", "prelu")
 
 
-def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: AluJob) -> None:
-    """Producer P (CONV or ALU) and its only consumer Q (ALU) strip by strip: for each strip of Q's output, P
+def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob") -> None:
+    """Producer P (CONV or ALU) and its only consumer Q (ALU, or CONV) strip by strip: for each strip of Q's output, P
     computes the rows and columns Q's windows read (recomputing overlapping halo rows, if any) straight into Q's
     input buffer in VB1 (stride_out = Q's stride_h, spec §2.4), Q reads them there and writes VB0, and only Q's
     rows are SAVEd. CodegenError when the pair does not fit this scheme."""
@@ -926,9 +1053,10 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: AluJob) -> None:
     s = winQ.sh
     H, W = qjob.inp.h, qjob.inp.w
     is_conv = isinstance(pjob, ConvJob)
+    q_conv = isinstance(qjob, ConvJob)
     if s > 2:
         raise CodegenError(f"fusion into {qjob.name!r}: stride_out {s} (> 2 is unproven, spec §2.4)")
-    if cg > 256 or _alu_kpos(qjob) * cg > c.depth:
+    if not q_conv and (cg > 256 or _alu_kpos(qjob) * cg > c.depth):
         raise CodegenError(f"fusion into {qjob.name!r}: channels do not fit one ALU pass")
     pwin = pjob.win
     if is_conv:
@@ -945,8 +1073,26 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: AluJob) -> None:
         pw, pb = _alu_params(c, pjob)
     if vbP < s:
         raise CodegenError(f"fusion of {pjob.name!r}: {vbP} rows per instruction < stride_out {s}")
-    qw, qb = _alu_params(c, qjob)
-    vbQ_max = _block_rows(t, winQ, t.alu_pp)
+    if q_conv:
+        # a CONV consumer: its weights must stay resident beside P's (one CONVW group each, no ring overlap)
+        # Q's bias and weight LOADs are taken out of the stream and spread among P's first strip (Q needs them
+        # only after it), which requires their lines to be none of P's
+        stq, q_params = _cut(c, lambda: _conv_setup(c, qjob))
+        q_wl = stq.n_sl * stq.lines_slice
+        p_wl = st.n_sl * st.lines_slice if is_conv else 0
+        if stq.per_group < stq.n_sl or p_wl + q_wl > c.depth:
+            raise CodegenError(f"fusion into {qjob.name!r}: the two layers' weights do not fit the CONVW banks")
+        wq_base, more = _cut(c, lambda: _conv_weights(c, qjob, stq, 0, stq.n_sl))
+        q_params += more
+        if is_conv and not _disjoint((0, w_base, p_wl), (0, wq_base, q_wl)):
+            raise CodegenError(f"fusion into {qjob.name!r}: the two layers' weights overlap in the CONVW ring")
+        if not c.pipeline or (is_conv and not _disjoint((0, st.b_base, st.n_sl), (0, stq.b_base, stq.n_sl))):
+            _put(c, q_params)                             # in place: before P's instructions
+            q_params = []
+        vbQ_max, lpp_q, ch_out, len_q = stq.vb_max, stq.n_sl, qjob.w.shape[0], 1024
+    else:
+        qw, qb = _alu_params(c, qjob)
+        vbQ_max, lpp_q, ch_out, len_q = _block_rows(t, winQ, t.alu_pp), cg, ch, 2048
 
     def lines(rows: int, cols: int) -> tuple[int, int] | None:
         """(VB0 lines: P's input + Q's output, VB1 lines: the intermediate) of a strip, None if a field overflows."""
@@ -954,10 +1100,10 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: AluJob) -> None:
         Eq, q_lines = _in_lines(t, qt, s, cg)
         pt = _tile(pwin, 0, min(qt.nv, H), 0, min(qt.cv, W))
         Ep, p_lines = _in_lines(t, pt, pwin.sh, cg_p)
-        if (pwin.sh > 1 and Ep > e_max) or (s > 1 and Eq > (1024 if is_conv else 8192)) or Eq > 8192 \
-                or pt.cols > len_max:
+        if (pwin.sh > 1 and Ep > e_max) or (s > 1 and Eq > (1024 if is_conv or q_conv else 8192)) or Eq > 8192 \
+                or pt.cols > len_max or cols > len_q:
             return None
-        return p_lines + _ceil(rows, t.pp) * cols * cg, q_lines
+        return p_lines + _ceil(rows, t.pp) * cols * lpp_q, q_lines
 
     plan = None
     for share in (2, 1):
@@ -973,7 +1119,8 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: AluJob) -> None:
                 cols = max(1, min(cols - 1, cols * 3 // 4))
             if fits(vb, cols):
                 rows = vb
-                while rows + vb <= _ceil(winQ.ho, vb) * vb and fits(rows + vb, cols):
+                top = _ceil(winQ.ho, vb) * vb
+                while rows + vb <= top and fits(rows + vb, cols):
                     rows += vb
                 plan = (rows, cols, vb)
         if plan:
@@ -982,7 +1129,7 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: AluJob) -> None:
         raise CodegenError(f"fusion of {pjob.name!r} and {qjob.name!r}: one strip does not fit the image banks")
     rows, cols, vbQ = plan
     state_p: dict[str, int] = {}
-    state_q = state_p if not is_conv else {}          # two ALU layers share the ALUINIT state
+    state_q = state_p if is_conv == q_conv else {}    # two ALU (two CONV) layers share the ALUINIT (CONVINIT) state
 
     def prepare(qt: Tile):
         """Strip buffers: Q's input (VB1, written by P) and P's input (VB0, LOADed now)."""
@@ -1002,6 +1149,8 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: AluJob) -> None:
     # strip k, each followed by the SAVEs of its rows (so no engine queue waits behind a strip's whole tail)
     tiles = list(_tiles(winQ, rows, cols))
     nxt = prepare(tiles[0])
+    if not q_conv:
+        q_params = []
     deferred: list = [[], None]                           # Q's SAVEs not emitted yet, and the lines they read
     for k, qt in enumerate(tiles):
         pt, ibp, obp, ibq = nxt
@@ -1024,13 +1173,15 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: AluJob) -> None:
             if k_p and deferred[0] and not _disjoint(nsp, deferred[1]):
                 _put(c, deferred[0])
                 deferred[0] = []
-            _interleave(c, pseg, moved[:k_p])
+            _interleave(c, pseg, q_params + moved[:k_p])
+            q_params = []
             del moved[:k_p]
         else:
-            _put(c, pseg)
-        Eo = qt.cols * cg
+            _interleave(c, pseg, q_params)
+            q_params = []
+        Eo = qt.cols * lpp_q
         obq = OutBuf(t.img_base(0), c.img[0].alloc(_ceil(qt.rows, t.pp) * Eo, f"layer {qjob.name!r} output",
-                                                    TOKEN_LINES), Eo, cg)
+                                                    TOKEN_LINES), Eo, lpp_q)
         per = _ceil(len(moved), n_q) if moved else 0
         ob_span = _buf_span(t, obq, qt.rows)
         nxt_span = _buf_span(t, nxt[1]) if k + 1 < len(tiles) else None
@@ -1043,7 +1194,7 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: AluJob) -> None:
             past Q's block keeps the program's meaning) and the SAVEs of Q's rows. With `c.pipeline` the SAVEs are
             those of the previous block (this block's wait for its ALU, and a full SAVE queue would stop the
             dispatcher before the LOADs behind it), unless the LOADs overwrite their lines."""
-            _, sv = _cut(c, lambda: _save_rows(c, qjob.out, qt, obq, 0, ch, range(j0, j0 + n)))
+            _, sv = _cut(c, lambda: _save_rows(c, qjob.out, qt, obq, 0, ch_out, range(j0, j0 + n)))
             if not c.pipeline:
                 _put(c, sv)
                 _put(c, moved[:per])
@@ -1056,21 +1207,28 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: AluJob) -> None:
                 deferred[0], deferred[1] = sv, ob_span
             del moved[:per]
 
-        _alu_tile(c, qjob, qt, ibq, obq, qw, qb, vbQ, state_q, after=after)
+        if q_conv:
+            _conv_tile(c, qjob, stq, qt, ibq, obq, wq_base, 0, stq.n_sl, vbQ, state_q, after=after)
+        else:
+            _alu_tile(c, qjob, qt, ibq, obq, qw, qb, vbQ, state_q, after=after)
         if moved and deferred[0] and not _disjoint(nxt_span, deferred[1]):
             _put(c, deferred[0])
             deferred[0] = []
         _put(c, moved)
     _put(c, deferred[0])
     kp = pjob.w.shape[1] * pjob.w.shape[2] * pjob.w.shape[3] if is_conv else pwin.kh * pwin.kw
-    c.workload += 2 * ch * kp * pwin.ho * pwin.wo + 2 * ch * winQ.kh * winQ.kw * winQ.ho * winQ.wo
+    kq = qjob.w.shape[1] * qjob.w.shape[2] * qjob.w.shape[3] if q_conv else winQ.kh * winQ.kw
+    c.workload += 2 * ch * kp * pwin.ho * pwin.wo + 2 * ch_out * kq * winQ.ho * winQ.wo
 
 
 def _fuse_jobs(c: _Ctx, graph: Graph, p: Op, q: Op, kinds: dict[str, str], fm: dict[str, FMap],
                out: FMap) -> tuple | None:
     """(P's job, Q's job) of a producer / consumer pair, P's conv in its chosen (augmented or not) form; None if
     either is not a single CONV / ALU layer."""
-    p_out = _dense(REG_WORKSPACE, 0, _t(p).shape, _fp(p))       # where the unfused P would store its output
+    # where the unfused P would store its output: a register of its own (REG_SCRATCH), so that in the scratch
+    # emissions the decisions schedule (_sched_cost) it shares no DDR byte with a real tensor; the fused form never
+    # reads or writes it
+    p_out = _dense(REG_SCRATCH, 0, _t(p).shape, _fp(p))
     jobs = []
     for op, o, env in ((p, p_out, fm), (q, out, {**fm, p.name: p_out})):
         c.capture = []
@@ -1083,23 +1241,29 @@ def _fuse_jobs(c: _Ctx, graph: Graph, p: Op, q: Op, kinds: dict[str, str], fm: d
             return None
         jobs.append(got[0])
     pj, qj = jobs
-    if not isinstance(qj, AluJob):
+    if not isinstance(qj, (AluJob, ConvJob)) or (isinstance(qj, ConvJob) and not c.fuse_conv):
         return None
     if isinstance(pj, ConvJob):
         pj = _choose_aug(c, pj)
     return pj, qj
 
 
-def _try_fuse(c: _Ctx, pj: "ConvJob | AluJob", qj: AluJob) -> bool:
+def _try_fuse(c: _Ctx, pj: "ConvJob | AluJob", qj: "AluJob | ConvJob") -> bool:
     """Emit P and Q fused when that fits and the estimate says it is faster than P then Q through DDR."""
     t = c.target
     p_alone = (lambda k: _conv(k, pj)) if isinstance(pj, ConvJob) else (lambda k: _alu(k, pj))
+    cost: Callable[..., int] = _cost
+    if isinstance(qj, ConvJob):
+        # a CONV pair: the busiest-engine estimate misses what the split layers overlap (strip pipeline, prefetch
+        # across the two) and a fused pair in few strips does not; both forms are scheduled instead
+        def cost(t: Target, *steps: Callable[["_Ctx"], None]) -> int:
+            return _sched_cost(c, *steps)
     try:
-        fused = _cost(t, lambda k: _fused(k, pj, qj))
+        fused = cost(t, lambda k: _fused(k, pj, qj))
     except CodegenError:
         return False
     try:
-        split = _cost(t, p_alone, lambda k: _alu(k, qj))
+        split = cost(t, p_alone, (lambda k: _conv(k, qj)) if isinstance(qj, ConvJob) else (lambda k: _alu(k, qj)))
     except CodegenError:
         split = None
     if split is not None and fused >= split:
@@ -1393,7 +1557,7 @@ class _Plan:
 def generate(graph: Graph, op_names: list[str], target: Target, name: str = "subgraph",
              log: Callable[[str], None] | None = None, channel_augmentation: bool = True,
              fuse: bool = True, exact_tokens: bool = True, pipeline: bool = True,
-             prefetch_layers: bool = True) -> DpuProgram:
+             prefetch_layers: bool = True, fuse_conv: bool = True) -> DpuProgram:
     """Compile the ops `op_names` of `graph` (one DPU subgraph) for `target` (module docstring).
     `channel_augmentation` lets convs with few input channels fold kw into the LOAD items, `fuse` lets a
     producer and its only (ALU) consumer share one superlayer with the intermediate on chip; each is taken per
@@ -1417,6 +1581,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
     c.graph = graph
     c.aug = channel_augmentation
     c.pipeline = pipeline
+    c.fuse_conv = fuse_conv
     c.param_align = TOKEN_LINES if prefetch_layers else 1   # one layer's parameters share no key with the next's
     fm: dict[str, FMap] = {}
     dense = _dense
@@ -1508,8 +1673,18 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
         first = len(c.s.ins)
         lops = [n] + [i for i in op.input_ops() if i in ops and graph.ops[i].type in SKIP_TYPES]
         cons = graph.consumers(n)
+
+        def alu_pair(p: str) -> bool:
+            """Is p's only consumer an ALU layer reading only p (a pair `_fused` takes first)?"""
+            cs = graph.consumers(p)
+            return (len(cs) == 1 and cs[0] in ops and kinds[cs[0]] in ALU_KINDS and p not in out_set
+                    and [i for i in _data_inputs(graph.ops[cs[0]]) if graph.ops[i].type not in SKIP_TYPES] == [p])
+
+        # a CONV consumer is fused only when it has no ALU consumer of its own to fuse with (measured: weighing the
+        # two pairs by a schedule of the three layers alone chose worse on tf2_custom_op and YOLOX)
         if (fuse and k in ("conv",) + ALU_KINDS and n not in out_set and n not in fm and len(cons) == 1
-                and cons[0] in ops and kinds[cons[0]] in ALU_KINDS
+                and cons[0] in ops and (kinds[cons[0]] in ALU_KINDS
+                                        or (fuse_conv and kinds[cons[0]] == "conv" and not alu_pair(cons[0])))
                 and [i for i in _data_inputs(graph.ops[cons[0]]) if graph.ops[i].type not in SKIP_TYPES] == [n]):
             q = graph.ops[cons[0]]
             qout = place(q.name)

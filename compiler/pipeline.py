@@ -43,7 +43,7 @@ class CompileError(OpenDpuError, ValueError):
 
 
 KNOWN_OPTIONS = ("input_shape", "output_ops", "prefetch", "hd_opt", "plugins", "channel_augmentation", "fuse",
-                 "exact_tokens", "pipeline", "prefetch_layers")
+                 "exact_tokens", "pipeline", "prefetch_layers", "fuse_conv")
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -107,7 +107,7 @@ def check_options(options: dict) -> dict:
         elif k == "output_ops":
             out[k] = _op_list(v)
         elif k in ("prefetch", "hd_opt", "channel_augmentation", "fuse", "exact_tokens", "pipeline",
-                   "prefetch_layers"):
+                   "prefetch_layers", "fuse_conv"):
             out[k] = _bool_option(k, v)
         elif k == "plugins":
             if v not in ("", None, []):
@@ -350,7 +350,8 @@ def p_codegen(ctx: CompileContext) -> CompileContext:
                                         fuse=ctx.options.get("fuse", True),
                                         exact_tokens=ctx.options.get("exact_tokens", True),
                                         pipeline=ctx.options.get("pipeline", True),
-                                        prefetch_layers=ctx.options.get("prefetch_layers", True))
+                                        prefetch_layers=ctx.options.get("prefetch_layers", True),
+                                        fuse_conv=ctx.options.get("fuse_conv", True))
     n = sum(len(p.instructions) for p in ctx.programs.values())
     ctx.summary = f"{len(ctx.programs)} DPU subgraph(s), {n} instructions"
     return ctx

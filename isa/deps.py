@@ -307,22 +307,21 @@ class TokenPlanner:
 
 
 class _KeyState:
-    """Per-key state of `ExactTokenPlanner` for one key space, as dense arrays indexed by the key's chunk: `w` the
-    last writer (-1: none), `we` its engine, `rd[E]` the latest reader of engine E (readers are not cleared by a
-    write: an older reader is ordered before the writer, so waiting on the writer covers it)."""
+    """Per-key state of `ExactTokenPlanner` for one key space, as dense arrays indexed by the key's chunk: `wr[E]`
+    the latest write and `rd[E]` the latest read by engine E (-1: none). Older entries are never cleared: an
+    access older than the key's latest write was ordered before that write, so waiting on the latest one (the
+    planner takes needs latest-first) covers it."""
 
     def __init__(self) -> None:
-        self.w = np.full(0, -1, np.int64)
-        self.we = np.zeros(0, np.int64)
+        self.wr = np.full((4, 0), -1, np.int64)
         self.rd = np.full((4, 0), -1, np.int64)
 
     def ensure(self, n: int) -> None:
-        m = len(self.w)
+        m = self.wr.shape[1]
         if n <= m:
             return
         n = max(n, 2 * m, 1024)
-        self.w = np.concatenate([self.w, np.full(n - m, -1, np.int64)])
-        self.we = np.concatenate([self.we, np.zeros(n - m, np.int64)])
+        self.wr = np.concatenate([self.wr, np.full((4, n - m), -1, np.int64)], axis=1)
         self.rd = np.concatenate([self.rd, np.full((4, n - m), -1, np.int64)], axis=1)
 
 
@@ -357,8 +356,7 @@ class ExactTokenPlanner:
         self.engine: list[Engine] = []
         self.hb: list[tuple[int, int, int, int]] = []
         self._last = [-1, -1, -1, -1]
-        # per key (dense arrays per key space): its last writer (-1: none), that writer's engine, the latest
-        # reader of each engine
+        # per key (dense arrays per key space): the latest write and read of each engine
         self._bank = _KeyState()
         self._ddr: dict[int, _KeyState] = {}
         self._partner: dict[int, int] = {}                      # first SAVE of a pair -> its second
@@ -381,23 +379,27 @@ class ExactTokenPlanner:
         if not keys:
             return []
         a = np.fromiter(keys, np.int64, len(keys))
+        lo, hi = int(a.min()), int(a.max())
+        if lo >= 0:                                   # bank lines only
+            self._bank.ensure(hi + 1)
+            return [(self._bank, a)]
         out = []
-        b = a[a >= 0]
-        if b.size:
+        if hi >= 0:
+            b = a[a >= 0]
             self._bank.ensure(int(b.max()) + 1)
             out.append((self._bank, b))
-        d = a[a < 0]
-        if d.size:
-            v = -1 - d
-            reg = v >> 40
-            ch = v & ((1 << 40) - 1)
-            for r in np.unique(reg).tolist():
-                c = ch[reg == r]
-                st = self._ddr.get(r)
-                if st is None:
-                    st = self._ddr[r] = _KeyState()
-                st.ensure(int(c.max()) + 1)
-                out.append((st, c))
+            a = a[a < 0]
+        v = -1 - a
+        reg = v >> 40
+        ch = v & ((1 << 40) - 1)
+        r0, r1 = int(reg.min()), int(reg.max())
+        for r in ([r0] if r0 == r1 else np.unique(reg).tolist()):
+            c = ch if r0 == r1 else ch[reg == r]
+            st = self._ddr.get(r)
+            if st is None:
+                st = self._ddr[r] = _KeyState()
+            st.ensure(int(c.max()) + 1)
+            out.append((st, c))
         return out
 
     def needs(self, C: int, R: set, W: set) -> list[int]:
@@ -408,12 +410,10 @@ class ExactTokenPlanner:
     @staticmethod
     def _needs(C: int, sR: list, sW: list) -> list[int]:
         need = np.full(4, -1, np.int64)
-        for st, idx in sR + sW:                       # the last writer of every key read or written
-            w = st.w[idx]
-            ok = w >= 0
-            if ok.any():
-                np.maximum.at(need, st.we[idx][ok], w[ok])
-        for st, idx in sW:                            # the latest reader of every key written
+        for st, idx in sR:                            # the latest write of every key read
+            np.maximum(need, st.wr[:, idx].max(axis=1), out=need)
+        for st, idx in sW:                            # the latest write and read of every key written
+            np.maximum(need, st.wr[:, idx].max(axis=1), out=need)
             np.maximum(need, st.rd[:, idx].max(axis=1), out=need)
         out = need.tolist()
         out[C] = -1
@@ -421,10 +421,9 @@ class ExactTokenPlanner:
 
     @staticmethod
     def _record(i: int, C: int, sR: list, sW: list) -> None:
-        """Instruction i of engine C reads sR and writes sW: it becomes their last writer / C's latest reader."""
+        """Instruction i of engine C reads sR and writes sW: it becomes their latest writer / reader of C."""
         for st, idx in sW:
-            st.w[idx] = i
-            st.we[idx] = C
+            st.wr[C, idx] = i
         for st, idx in sR:
             st.rd[C, idx] = i
 
