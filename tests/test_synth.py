@@ -149,10 +149,10 @@ def test_stat_parser_023():
 def test_stat_parser_rams_dsps():
     text = ("=== dpu_core ===\n\n     1234 cells\n       98   DSP48E2\n        5   RAMB36E2\n        3   RAMB18E2\n"
             "        2   URAM288\n       16   RAM64M8\n        4   SRLC32E\n       10   CARRY8\n      700   FDRE\n"
-            "       20   FDCE\n       50   LUT6_2\n       70   LUT1\n        1   BUFG\n")
+            "       20   FDCE\n       50   LUT6_2\n       70   LUT1\n        1   BUFG\n        3   INV\n")
     s = synth.summarize_cells(synth.parse_stat(text))
     assert (s["dsp"], s["ramb36"], s["ramb18"], s["bram36"], s["uram"]) == (98, 5, 3, 6.5, 2)
-    assert (s["lutram"], s["srl"], s["carry"], s["ff"], s["lut"]) == (16, 4, 10, 720, 120)
+    assert (s["lutram"], s["srl"], s["carry"], s["ff"], s["lut"]) == (16, 4, 10, 720, 123)
     assert s["other_cells"] == {"BUFG": 1}
     with pytest.raises(synth.SynthError):
         synth.parse_stat("no statistics here")
@@ -176,6 +176,11 @@ def test_memory_and_ltp_log_parsers():
         ("cc:155:do_switch$122425", "rom-logic", None)]
     assert synth.parse_ltp("Longest topological path in top (length=8):\n    0: x\n") == 8
     assert synth.parse_ltp("nothing") is None
+    path = ("Longest topological path in dpu_core (length=3):\n    0: \\a [4]\n"
+            "    1: $x.Y [0] (via $auto$alumacc.cc:578:replace_alu$31143.genblk1.slice[0].genblk1.carry4)\n"
+            "    2: $y.A [1] (via $auto$alumacc.cc:578:replace_alu$31143.genblk1.slice[1].genblk1.carry4)\n"
+            "    3: $z [2] (via $abc$1715839$lut$aiger1715838$177297)\n")
+    assert synth.parse_ltp(path) == 3 and synth.ltp_carry_cells(path) == 2
     assert synth.last_step(log) == "2.32. Executing MEMORY_LIBMAP pass (mapping memories to cells)."
 
 
