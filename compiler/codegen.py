@@ -1557,11 +1557,36 @@ class _Plan:
 def generate(graph: Graph, op_names: list[str], target: Target, name: str = "subgraph",
              log: Callable[[str], None] | None = None, channel_augmentation: bool = True,
              fuse: bool = True, exact_tokens: bool = True, pipeline: bool = True,
-             prefetch_layers: bool = True, fuse_conv: bool = True) -> DpuProgram:
+             prefetch_layers: bool = True, fuse_conv: bool = False) -> DpuProgram:
     """Compile the ops `op_names` of `graph` (one DPU subgraph) for `target` (module docstring).
     `channel_augmentation` lets convs with few input channels fold kw into the LOAD items, `fuse` lets a
     producer and its only (ALU) consumer share one superlayer with the intermediate on chip; each is taken per
-    layer when the cost estimate says it is faster (docs/compiler.md)."""
+    layer when the cost estimate says it is faster. `exact_tokens`, `pipeline` and `prefetch_layers` are the
+    scheduling optimisations, `fuse_conv` lets a producer be fused with its only CONV consumer (docs/compiler.md).
+
+    Where a CONV consumer Q could be fused either with its producer or with its own ALU consumer (a contested
+    pair), the ALU pair is taken; when the subgraph has such a pair the program is also generated the other way
+    and the one `_schedule` finds faster is kept."""
+    args = (graph, op_names, target, name, channel_augmentation, fuse, exact_tokens, pipeline, prefetch_layers,
+            fuse_conv)
+    prog, contested = _generate(*args, conv_first=False)
+    if contested:
+        alt, _ = _generate(*args, conv_first=True)
+        if _schedule(target, alt.instructions) < _schedule(target, prog.instructions):
+            prog = alt
+    if log:
+        st = prog.stats
+        log(f"{name}: {len(prog.layers)} layers, {st['instructions']} instructions, {st['const_bytes']} parameter "
+            f"bytes, {st['workspace_bytes']} workspace bytes")
+    return prog
+
+
+def _generate(graph: Graph, op_names: list[str], target: Target, name: str, channel_augmentation: bool,
+              fuse: bool, exact_tokens: bool, pipeline: bool, prefetch_layers: bool, fuse_conv: bool,
+              conv_first: bool) -> tuple[DpuProgram, bool]:
+    """`generate` with the contested pairs decided one way (`conv_first`: producer + CONV consumer); also
+    whether the subgraph has a contested pair."""
+    contested = False
     t = target
     ops = set(op_names)
     order = [n for n in graph.toposort() if n in ops]
@@ -1680,12 +1705,17 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
             return (len(cs) == 1 and cs[0] in ops and kinds[cs[0]] in ALU_KINDS and p not in out_set
                     and [i for i in _data_inputs(graph.ops[cs[0]]) if graph.ops[i].type not in SKIP_TYPES] == [p])
 
-        # a CONV consumer is fused only when it has no ALU consumer of its own to fuse with (measured: weighing the
-        # two pairs by a schedule of the three layers alone chose worse on tf2_custom_op and YOLOX)
-        if (fuse and k in ("conv",) + ALU_KINDS and n not in out_set and n not in fm and len(cons) == 1
-                and cons[0] in ops and (kinds[cons[0]] in ALU_KINDS
-                                        or (fuse_conv and kinds[cons[0]] == "conv" and not alu_pair(cons[0])))
-                and [i for i in _data_inputs(graph.ops[cons[0]]) if graph.ops[i].type not in SKIP_TYPES] == [n]):
+        # a CONV consumer that has an ALU consumer of its own to fuse with is contested: the ALU pair wins unless
+        # `conv_first` (weighing the two pairs by a schedule of the three layers alone chose worse on tf2_custom_op
+        # and YOLOX, so `generate` compares whole programs)
+        single = (fuse and k in ("conv",) + ALU_KINDS and n not in out_set and n not in fm and len(cons) == 1
+                  and cons[0] in ops
+                  and [i for i in _data_inputs(graph.ops[cons[0]]) if graph.ops[i].type not in SKIP_TYPES] == [n])
+        conv_q = single and fuse_conv and kinds[cons[0]] == "conv"
+        if conv_q and alu_pair(cons[0]):
+            contested = True
+            conv_q = conv_first
+        if single and (kinds[cons[0]] in ALU_KINDS or conv_q):
             q = graph.ops[cons[0]]
             qout = place(q.name)
             jobs = _fuse_jobs(c, graph, op, q, kinds, fm, qout)
@@ -1747,10 +1777,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
                       [_image(o, fm[o], _t(graph.ops[o]).shape) for o in outputs], internal, c.workload,
                       {"instructions": len(instrs), "const_bytes": len(c.blob),
                        "workspace_bytes": sizes[REG_WORKSPACE]})
-    if log:
-        log(f"{name}: {len(layers)} layers, {len(instrs)} instructions, {len(c.blob)} parameter bytes, "
-            f"{sizes[REG_WORKSPACE]} workspace bytes")
-    return prog
+    return prog, contested
 
 
 def _concat_axis(op: Op) -> int:

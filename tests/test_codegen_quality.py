@@ -443,11 +443,11 @@ def conv_pair():
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_fused_conv_pair(conv_pair, target):
-    """fuse_conv: the two convs are one layer, the intermediate is never SAVEd (the 1x1 conv reads the 3x3 conv's
+    """fuse_conv (off by default): the two convs are one layer, the intermediate is never SAVEd (the 1x1 conv reads the 3x3 conv's
     rows in VB1), exact, race-free and faster than with fuse_conv off (the schedule decides, _sched_cost)."""
     g, shape = conv_pair
     t = TARGETS[target]()
-    on, off = _compile(g, t), _compile(g, t, fuse_conv=False)
+    on, off = _compile(g, t, fuse_conv=True), _compile(g, t)
     a, b = _op(g, "conv2d-fix", 0), _op(g, "conv2d-fix", 1)
     assert any(a in ly.ops and b in ly.ops for ly in on.layers)
     assert not any(a in ly.ops and b in ly.ops for ly in off.layers)
@@ -462,6 +462,6 @@ def test_schedule_equals_cycle_model(graphs, conv_pair, target):
     model's total on every test program, with and without the scheduling options."""
     t = TARGETS[target]()
     for name, (g, _) in list(graphs.items()) + [("conv_pair", conv_pair)]:
-        for opts in ({}, dict(exact_tokens=False, pipeline=False, prefetch_layers=False)):
+        for opts in ({}, dict(fuse_conv=True), dict(exact_tokens=False, pipeline=False, prefetch_layers=False)):
             prog = _compile(g, t, **opts)
             assert codegen._schedule(t, prog.instructions) == _cycles(prog), (name, opts)
