@@ -7,8 +7,10 @@ does not fit, into column tiles; each strip's buffers alternate between two plac
 LOADs of strip k+1 can run while strip k computes. Output channels are computed in OCP-wide slices (the inner
 loop); weights are loaded once per layer (per group of slices when they do not fit a CONVW bank) with one LOAD
 per CONVW bank, laid out in the CONST blob exactly as LOAD reads them. Program order is the reference semantics;
-dependency tokens are placed afterwards from the instructions' footprints (`isa.deps.TokenPlanner`), so the
-program is race-free by construction.
+it is a software pipeline (strip k's compute with strip k-1's SAVEs and strip k+1's LOADs between its instructions,
+a layer's opening LOADs in the previous layer's tail), and dependency tokens are placed afterwards from the
+instructions' footprints on the exact conflicting instruction (`isa.deps.ExactTokenPlanner`), so the program is
+race-free by construction.
 
 Names follow the spec: bank_addr_in, shift_cut, jump_read_endl, valid_pixel_parallel, ...
 """
