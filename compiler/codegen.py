@@ -305,12 +305,16 @@ class OutBuf:
     col: int = 0      # line offset of output column 0
 
     def place(self, t: Target, j0: int) -> tuple[int, int, int]:
-        """(bank_id_out, bank_addr_out, rows that fit before the bank group's end) of a block starting at row j0."""
+        """(bank_id_out, bank_addr_out, rows that fit before the bank group's end) of a block starting at row j0.
+        A block starting on a sub-row other than 0 (the first real row below an odd number of the consumer's top
+        padding rows) gets one row: the sub-row offset goes into bank_addr_out, and a one-row instruction writes its
+        row at bank_addr_out whatever its stride_out (spec §6.4 placement with t = 0), so stride_offset_out (unproven)
+        stays 0."""
         q = self.q0 + j0
-        if q % self.s:
-            raise CodegenError(f"output row {j0} would need stride_offset_out {q % self.s}")
         p, b = divmod(q // self.s, t.pp)
-        return self.group + b, self.base + p * self.s * self.E + self.col, (t.pp - b) * self.s
+        sub = q % self.s
+        return (self.group + b, self.base + p * self.s * self.E + sub * self.E + self.col,
+                1 if sub else (t.pp - b) * self.s)
 
 
 def _save_rows(c: _Ctx, out: FMap, tile: Tile, ob: OutBuf, c0: int, nch: int, rows: range | None = None) -> None:
@@ -552,8 +556,9 @@ def _strips(c: _Ctx, tiles: list[Tile], load: Callable[[Tile], tuple["InBuf", "O
 
 def _blocks(t: Target, ob: OutBuf, rows: int, vb: int):
     """(first row, rows, bank_id_out, bank_addr_out) of the instructions that compute `rows` output rows of a
-    strip, at most `vb` rows each; with stride_out s > 1 no block's rows wrap past the bank group and every block
-    but the last has a multiple of s rows (stride_offset_out stays 0)."""
+    strip, at most `vb` rows each; with stride_out s > 1 no block's rows wrap past the bank group, a block that
+    starts on sub-row 1 has one row, and every other block but the last has a multiple of s rows
+    (stride_offset_out stays 0)."""
     j0 = 0
     while j0 < rows:
         bank, addr, room = ob.place(t, j0)

@@ -105,8 +105,8 @@ def _pillars():
 
 def _dw_pool():
     """1x1 conv -> depthwise 3x3 pad 1 (overlapping windows: the conv recomputes the halo rows of each strip) ->
-    2x2/2 max pool; then a 1x1 conv and a 3x3/2 pool with padding 1 (its odd top padding would need
-    stride_offset_in, so that pair stays in DDR)."""
+    2x2/2 max pool; then a 1x1 conv and a 3x3/2 pool with padding 1 (odd top padding: the conv's first row goes to
+    sub-row 1 of the pool's first slot, written by a one-row CONV)."""
     return (_Net((1, 8, 16, 16)).conv(16, 1).op("Relu").conv(16, 3, 1, 1, group=16).op("Relu")
             .op("MaxPool", kernel_shape=[2, 2], strides=[2, 2]).conv(16, 1).op("Relu")
             .op("MaxPool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
@@ -465,3 +465,23 @@ def test_schedule_equals_cycle_model(graphs, conv_pair, target):
         for opts in ({}, dict(fuse_conv=True), dict(exact_tokens=False, pipeline=False, prefetch_layers=False)):
             prog = _compile(g, t, **opts)
             assert codegen._schedule(t, prog.instructions) == _cycles(prog), (name, opts)
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_fused_stride2_consumer_with_odd_top_padding(graphs, target):
+    """A 3x3/2 pool with top padding 1 fused after a 1x1 conv: the conv's first output row is virtual row 1 of the
+    pool's window (sub-row 1 of slot 0); it is written by a one-row CONV (valid_pixel_parallel 1) whose
+    bank_addr_out holds the sub-row offset, so stride_offset_out stays 0 everywhere. Exact, race-free, and the
+    intermediate is never stored."""
+    g, shape = graphs["dw_pool"]
+    t = TARGETS[target]()
+    on, off = _compile(g, t, channel_augmentation=False), _compile(g, t, channel_augmentation=False, fuse=False)
+    p, q = _op(g, "conv2d-fix", 1), _op(g, "pool-fix", 1)
+    assert any(p in ly.ops and q in ly.ops for ly in on.layers)
+    assert p not in {im.op_name for im in on.outputs + on.internal}
+    ins = _layer_ins(on, p)
+    inits = [x for x in ins if x.op == "CONVINIT"]
+    assert any(x.fields["stride_out"] == 2 and x.fields["valid_pixel_parallel"] == 1 for x in inits)
+    assert all(x.fields["stride_offset_out"] == 0 for x in on.instructions if x.op in ("CONVINIT", "ALUINIT"))
+    _check_exact(g, shape, on, t)
+    assert _cycles(on) < _cycles(off)
