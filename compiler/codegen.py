@@ -212,6 +212,7 @@ class _Ctx:
     pipeline: bool = False            # software-pipelined strip order (_strips)
     param_align: int = 1              # start of each parameter ring allocation (TOKEN_LINES with prefetch_layers)
     fuse_conv: bool = False           # a CONV consumer may be fused with its producer (_fused)
+    cascade: bool = False             # large stride-1 max pools as cascades of 5x5 / 3x3 pools (_pool_cascade)
 
     def temp(self, h: int, w: int, ch: int, fp: int) -> FMap:
         """A dense temporary feature map in the workspace."""
@@ -1564,18 +1565,19 @@ class _Plan:
 def generate(graph: Graph, op_names: list[str], target: Target, name: str = "subgraph",
              log: Callable[[str], None] | None = None, channel_augmentation: bool = True,
              fuse: bool = True, exact_tokens: bool = True, pipeline: bool = True,
-             prefetch_layers: bool = True, fuse_conv: bool = False) -> DpuProgram:
+             prefetch_layers: bool = True, fuse_conv: bool = False, pool_cascade: bool = True) -> DpuProgram:
     """Compile the ops `op_names` of `graph` (one DPU subgraph) for `target` (module docstring).
     `channel_augmentation` lets convs with few input channels fold kw into the LOAD items, `fuse` lets a
     producer and its only (ALU) consumer share one superlayer with the intermediate on chip; each is taken per
     layer when the cost estimate says it is faster. `exact_tokens`, `pipeline` and `prefetch_layers` are the
-    scheduling optimisations, `fuse_conv` lets a producer be fused with its only CONV consumer (docs/compiler.md).
+    scheduling optimisations, `fuse_conv` lets a producer be fused with its only CONV consumer, `pool_cascade` runs
+    a large stride-1 max pool as a cascade of small ones (docs/compiler.md).
 
     Where a CONV consumer Q could be fused either with its producer or with its own ALU consumer (a contested
     pair), the ALU pair is taken; when the subgraph has such a pair the program is also generated the other way
     and the one `_schedule` finds faster is kept."""
     args = (graph, op_names, target, name, channel_augmentation, fuse, exact_tokens, pipeline, prefetch_layers,
-            fuse_conv)
+            fuse_conv, pool_cascade)
     prog, contested = _generate(*args, conv_first=False)
     if contested:
         alt, _ = _generate(*args, conv_first=True)
@@ -1590,7 +1592,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
 
 def _generate(graph: Graph, op_names: list[str], target: Target, name: str, channel_augmentation: bool,
               fuse: bool, exact_tokens: bool, pipeline: bool, prefetch_layers: bool, fuse_conv: bool,
-              conv_first: bool) -> tuple[DpuProgram, bool]:
+              pool_cascade: bool, conv_first: bool) -> tuple[DpuProgram, bool]:
     """`generate` with the contested pairs decided one way (`conv_first`: producer + CONV consumer); also
     whether the subgraph has a contested pair."""
     contested = False
@@ -1614,6 +1616,7 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
     c.aug = channel_augmentation
     c.pipeline = pipeline
     c.fuse_conv = fuse_conv
+    c.cascade = pool_cascade
     c.param_align = TOKEN_LINES if prefetch_layers else 1   # one layer's parameters share no key with the next's
     fm: dict[str, FMap] = {}
     dense = _dense
@@ -1787,6 +1790,39 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
     return prog, contested
 
 
+def _pool_cascade(op: Op, win: Window, x: FMap, mode: int, d: int) -> list[int]:
+    """The kernel sizes of a cascade of stride-1 max pools equal to a k x k stride-1 max pool with padding
+    (k-1)/2 on every side (the SPP pools): 5x5 stages, then a 3x3 one (k = 1 + 4a + 2b); [] when the pool is not of
+    that form, changes the fix point (each stage would round), or the cascade reads no fewer kernel positions.
+    *Why equal:* per axis, output p of the cascade is the max over the input within [p-(k-1)/2, p+(k-1)/2] (the
+    windows compose), plus the padding value exactly when that range leaves the image (a stage window at q reaches
+    the padding iff q is within its half-width of the edge, and composes to the same condition), whatever the
+    padding value is; max is exact with shift_cut 0."""
+    k = win.kh
+    if (mode != 3 or d != 0 or op.get("global", False) or win.kw != k or k < 7 or k % 2 == 0 or win.sh != 1
+            or win.sw != 1 or win.pt != (k - 1) // 2 or win.pl != (k - 1) // 2
+            or tuple(_pads(op)) != ((k - 1) // 2,) * 4 or (win.ho, win.wo) != (x.h, x.w)):
+        return []
+    a, r = divmod(k - 1, 4)
+    stages = [5] * a + ([3] if r else [])
+    return stages if sum(s * s for s in stages) < k * k else []
+
+
+def _cascade_step(job: "AluJob", stages: list[int]) -> Callable[["_Ctx"], None]:
+    """Emit `job` (a max pool) as the stride-1 cascade `stages` through workspace temporaries."""
+    def step(c: _Ctx) -> None:
+        src = job.inp
+        w0 = c.workload
+        for i, k in enumerate(stages):
+            dst = job.out if i == len(stages) - 1 else c.temp(src.h, src.w, src.c, src.fp)
+            h = (k - 1) // 2
+            _alu(c, replace(job, inp=src, out=dst, win=Window(k, k, 1, 1, h, h, src.h, src.w)))
+            src = dst
+        win = job.win                                 # the workload is the op's own, not the stages'
+        c.workload = w0 + 2 * job.inp.c * win.kh * win.kw * win.ho * win.wo
+    return step
+
+
 def _concat_axis(op: Op) -> int:
     """Concat axis as an index into (H, W, C) of the batch-1 image."""
     rank = len(_t(op).shape)
@@ -1893,8 +1929,14 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
         except FixPointError as e:
             raise CodegenError(f"op {op.name!r}: {e}") from None
         mode = init.pop("mode")
-        _run(c, AluJob(op.name, x, out, win, mode,
-                       dict(init, shift_bias=0, act_type=0, shift_prelu_p=0, shift_prelu_n=0)))
+        full = dict(init, shift_bias=0, act_type=0, shift_prelu_p=0, shift_prelu_n=0)
+        stages = _pool_cascade(op, win, x, mode, d)
+        if stages and c.capture is None and c.cascade:
+            job = AluJob(op.name, x, out, win, mode, full)
+            if _cost(c.target, _cascade_step(job, stages)) < _cost(c.target, lambda k: _alu(k, job)):
+                _cascade_step(job, stages)(c)
+                return
+        _run(c, AluJob(op.name, x, out, win, mode, full))
         return
     if kind == "leaky":
         x = ins[0]
