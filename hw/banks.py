@@ -1,26 +1,70 @@
-"""The on-chip banks (spec §2.2-2.3): IMG_BG image groups of PP banks, OCP CONVW banks, DWCONVW, BIAS.
+"""The on-chip banks (spec §2.2-2.3) and their port arbiter (docs/bank-ports.md).
 
-Each bank is a `lib.memory.Memory` of DEPTH lines of W bytes. Every access is a whole line: a bank
-write of n bytes always starts at a line boundary and zero-fills the rest of its last line, so engines
-write whole lines. Engines address image banks by absolute bank id, one request per pixel row; the
-array routes each request to its bank. Rows of one request group must address distinct banks, or the
-same line of one bank (the ELEW share_pp / jump_bank 0 broadcast), which is what ISA1's placement
-rules guarantee (spec §2.4). Ports per image bank: writes from LOAD, PP CONV rows and ALU_PP MISC rows;
-reads for CONV, MISC and each SAVE unit. Engines never contend for a port, so no access waits.
+IMG_BG image groups of PP banks, OCP CONVW banks, DWCONVW, BIAS. Each bank is a `lib.memory.Memory`
+of DEPTH lines of W bytes. Every access is a whole line: a bank write of n bytes always starts at a
+line boundary and zero-fills the rest of its last line, so engines write whole lines. Engines address
+image banks by absolute bank id, one request per pixel row; the array routes each request to its bank.
+
+Ports (docs/bank-ports.md §1): every bank has **one read port** (read-first: a read and a write of the
+same line in one cycle return the old line) and **one write port**, with the request muxing in front of
+them.
+
+* Not arbitrated (one user per port): the CONVW banks (read by CONV, written by LOAD), DWCONVW (read
+  by MISC, written by LOAD), the BIAS write port (LOAD).
+* Arbitrated: the image-bank write ports (LOAD, CONV rows, MISC rows), the image-bank read ports
+  (CONV rows, MISC rows, each SAVE unit) and the BIAS read port (CONV, MISC).
+
+Arbitration (docs/bank-ports.md §3): fixed priority CONV > MISC > LOAD > SAVE unit 0 > SAVE unit 1 ...,
+all or nothing per engine: an engine is granted (`*_go`) when none of the banks it reads is read, and
+none of the banks it writes is written, by an engine granted before it. Rows of one engine that address
+the same bank are one access. A request is what the engine enables in the cycle; requests are functions
+of the engines' registers only (never of a grant), so there is no combinational loop. Grants gate the
+memory enables. CONV is never refused, so it has no grant output.
+
+A refused engine is frozen by its owner (the core wraps it in an `EnableInserter` on `*_go`, see
+`freeze`). Because the shared read port may serve another engine while one is frozen, each read row of
+an engine that can be refused has a hold register: the data of a read is presented to the engine in
+the cycle after the read when the engine was granted in the read cycle (the engine is then in its
+next step), and otherwise from the hold register, which took the port's data in that cycle: a frozen
+engine sees the data of its last granted read when it resumes. CONV, never refused, has none.
+
+Write lanes. ISA1's output placement (spec §2.4) puts `stride_out` consecutive output rows of one CONV
+or ALU into one bank, at different lines, written in the same cycle. docs/bank-ports.md §2 counts them
+as one access of the engine, so the arbitrated write port of an image bank is `write_lanes(p)` lines
+wide: lane j carries the rows h = j (mod lanes) of CONV and of MISC (and LOAD on lane 0). With
+lanes = min(rows, stride_out_h_max) two rows that share a bank are always on different lanes. Only the
+granted engine drives the lanes of a bank. Targets whose stride_out limit is 1 get exactly one lane.
 """
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import EnableInserter, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
-from amaranth.lib.wiring import In
+from amaranth.lib.wiring import In, Out
 
 from . import iface
 from .params import HwParams
 
 
+def write_lanes(p: HwParams) -> int:
+    """Lines an image bank's write port takes per cycle (all from one engine): the most output rows of
+    one CONV / ALU that can share a bank, min(rows, stride_out_h limit of the target)."""
+    t = p.target
+    return max(1, min(p.pp, t.conv_stride_out_h_max), min(p.alu_pp, t.alu_stride_out_h_max))
+
+
+def _any(terms):
+    v = 0
+    for x in terms:
+        v = v | x
+    return v
+
+
 class BankArray(wiring.Component):
-    """All banks of one core with one port group per engine."""
+    """All banks of one core, their request muxing and the arbiter (see the module docstring).
+
+    Grant outputs: `misc_go`, `load_go`, `save_go[u]` (CONV is always granted). A grant is high when the
+    engine's request of this cycle is served (an empty request is always served)."""
 
     def __init__(self, p: HwParams):
         self.p = p
@@ -35,7 +79,11 @@ class BankArray(wiring.Component):
             "dw_rd": In(iface.line_read(p)),
             "misc_bias_rd": In(iface.line_read(p)),
             "save_rd": In(iface.bank_read(p)).array(p.ddr_ports),
+            "misc_go": Out(1),
+            "load_go": Out(1),
+            "save_go": Out(p.ddr_ports),
         })
+        self.lanes = write_lanes(p)
         # One memory per bank id; tests read and write them through `mems[b].data[line]`.
         self.mems = [Memory(shape=8 * p.width, depth=p.depth, init=[]) for _ in range(p.num_banks)]
 
@@ -43,58 +91,173 @@ class BankArray(wiring.Component):
         p = self.p
         m = Module()
         nimg = p.num_img_banks
+        bias = p.bias_bank
+        ab = p.addr_bits
+        W8 = 8 * p.width
         for b, mem in enumerate(self.mems):
             m.submodules[f"bank{b}"] = mem
-            # LOAD writes every bank.
-            wp = mem.write_port()
-            m.d.comb += [wp.addr.eq(self.load_wr.addr), wp.data.eq(self.load_wr.data),
-                         wp.en.eq(self.load_wr.en & (self.load_wr.bank == b))]
 
-        # image banks: row-routed read groups and write rows
-        def read_group(reqs, tag):
-            sel = [Signal(range(max(nimg, 2)), name=f"{tag}_sel{h}") for h in range(len(reqs))]
-            for h, r in enumerate(reqs):
-                with m.If(r.en):
-                    m.d.sync += sel[h].eq(r.bank)
-            datas = []
+        # ---- per-row bank hits (request of one row for one image bank) ----
+        def hits(r, tag):
+            out = []
             for b in range(nimg):
-                rp = self.mems[b].read_port(transparent_for=())
-                hits = [r.en & (r.bank == b) for r in reqs]
-                addr = 0
-                for r, hit in zip(reqs, hits):
-                    addr = addr | (r.addr & hit.replicate(p.addr_bits))
-                en = 0
-                for hit in hits:
-                    en = en | hit
-                m.d.comb += [rp.addr.eq(addr), rp.en.eq(en)]
-                datas.append(rp.data)
+                s = Signal(name=f"{tag}_hit{b}")
+                m.d.comb += s.eq(r.en & (r.bank == b))
+                out.append(s)
+            return out
+
+        conv_rh = [hits(r, f"conv_r{h}") for h, r in enumerate(self.conv_rd)]
+        misc_rh = [hits(r, f"misc_r{h}") for h, r in enumerate(self.misc_rd)]
+        save_rh = [hits(r, f"save{u}_r") for u, r in enumerate(self.save_rd)]
+        conv_wh = [hits(r, f"conv_w{h}") for h, r in enumerate(self.conv_wr)]
+        misc_wh = [hits(r, f"misc_w{h}") for h, r in enumerate(self.misc_wr)]
+        load_wh = hits(self.load_wr, "load_w")
+
+        # ---- request sets (one bit per arbitrated port; rows of one engine merge) ----
+        def rset(rows_hits, bias_en, tag):
+            s = Signal(nimg + 1, name=f"{tag}_rset")        # bit nimg: the BIAS read port
+            m.d.comb += s.eq(sum((_any(rh[b] for rh in rows_hits) << b) for b in range(nimg))
+                             | (bias_en << nimg))
+            return s
+
+        def wset(rows_hits, tag):
+            s = Signal(nimg, name=f"{tag}_wset")
+            m.d.comb += s.eq(sum((_any(rh[b] for rh in rows_hits) << b) for b in range(nimg)))
+            return s
+
+        r_conv = rset(conv_rh, self.conv_bias_rd.en, "conv")
+        r_misc = rset(misc_rh, self.misc_bias_rd.en, "misc")
+        r_save = [rset([save_rh[u]], 0, f"save{u}") for u in range(p.ddr_ports)]
+        w_conv = wset(conv_wh, "conv")
+        w_misc = wset(misc_wh, "misc")
+        w_load = wset([load_wh], "load")
+
+        # ---- the arbiter: CONV > MISC > LOAD > SAVE 0 > SAVE 1 ... ----
+        go_misc, go_load = self.misc_go, self.load_go
+        m.d.comb += go_misc.eq(((r_misc & r_conv) == 0) & ((w_misc & w_conv) == 0))
+        taken_r = Signal(nimg + 1, name="taken_r_misc")
+        taken_w = Signal(nimg, name="taken_w_misc")
+        m.d.comb += [taken_r.eq(r_conv | Mux(go_misc, r_misc, 0)), taken_w.eq(w_conv | Mux(go_misc, w_misc, 0))]
+        m.d.comb += go_load.eq((w_load & taken_w) == 0)
+        go_save = []
+        for u in range(p.ddr_ports):
+            g = Signal(name=f"save{u}_go")
+            m.d.comb += [g.eq((r_save[u] & taken_r) == 0), self.save_go[u].eq(g)]
+            nt = Signal(nimg + 1, name=f"taken_r_save{u}")
+            m.d.comb += nt.eq(taken_r | Mux(g, r_save[u], 0))
+            taken_r = nt
+            go_save.append(g)
+
+        # ---- image-bank read ports: one per bank, muxed between the granted rows ----
+        rd_src = ([(r, rh, 1) for r, rh in zip(self.conv_rd, conv_rh)]
+                  + [(r, rh, go_misc) for r, rh in zip(self.misc_rd, misc_rh)]
+                  + [(r, rh, g) for r, rh, g in zip(self.save_rd, save_rh, go_save)])
+        datas = []
+        for b in range(nimg):
+            rp = self.mems[b].read_port(transparent_for=())
+            sel = [rh[b] & g for _, rh, g in rd_src]
+            m.d.comb += [rp.en.eq(_any(sel)),
+                         rp.addr.eq(_any(r.addr & s.replicate(ab) for (r, _, _), s in zip(rd_src, sel)))]
+            datas.append(rp.data)
+
+        # per engine: the cycle after a granted cycle ("fresh") shows the port; else the hold register
+        fresh = {}
+        for tag, g in [("misc", go_misc)] + [(f"save{u}", go_save[u]) for u in range(p.ddr_ports)]:
+            f = Signal(name=f"{tag}_fresh")
+            m.d.sync += f.eq(g)
+            fresh[tag] = f
+
+        def deliver(raw, eng, tag, dst):
+            """Drive `dst` (read data of engine `eng`) from `raw`, through a hold register unless CONV."""
+            if eng == "conv":
+                m.d.comb += dst.eq(raw)
+                return
+            held = Signal(len(dst), name=f"{tag}_held", reset_less=True)
+            with m.If(fresh[eng]):
+                m.d.sync += held.eq(raw)
+            m.d.comb += dst.eq(Mux(fresh[eng], raw, held))
+
+        def route(reqs, go, tag):
             for h, r in enumerate(reqs):
-                with m.Switch(sel[h]):
+                sel = Signal(range(max(nimg, 2)), name=f"{tag}_sel{h}")
+                with m.If(r.en & go):
+                    m.d.sync += sel.eq(r.bank)
+                raw = Signal(W8, name=f"{tag}_raw{h}")
+                with m.Switch(sel):
                     for b in range(nimg):
                         with m.Case(b):
-                            m.d.comb += r.data.eq(datas[b])
+                            m.d.comb += raw.eq(datas[b])
+                deliver(raw, tag, f"{tag}_r{h}", r.data)
 
-        read_group(list(self.conv_rd), "conv")
-        read_group(list(self.misc_rd), "misc")
+        route(list(self.conv_rd), 1, "conv")
+        route(list(self.misc_rd), go_misc, "misc")
         for u in range(p.ddr_ports):
-            read_group([self.save_rd[u]], f"save{u}")
+            route([self.save_rd[u]], go_save[u], f"save{u}")
 
+        # ---- image-bank write ports: one per bank, `lanes` lines wide ----
+        K = self.lanes
         for b in range(nimg):
-            for reqs in (self.conv_wr, self.misc_wr):
-                for r in reqs:
-                    wp = self.mems[b].write_port()
-                    m.d.comb += [wp.addr.eq(r.addr), wp.data.eq(r.data), wp.en.eq(r.en & (r.bank == b))]
+            for j in range(K):
+                src = ([(r, wh[b], 1) for h, (r, wh) in enumerate(zip(self.conv_wr, conv_wh)) if h % K == j]
+                       + [(r, wh[b], go_misc) for h, (r, wh) in enumerate(zip(self.misc_wr, misc_wh)) if h % K == j]
+                       + ([(self.load_wr, load_wh[b], go_load)] if j == 0 else []))
+                if not src:
+                    continue
+                wp = self.mems[b].write_port()
+                sel = [hit & g for _, hit, g in src]
+                if len(src) == 1:
+                    m.d.comb += [wp.en.eq(sel[0]), wp.addr.eq(src[0][0].addr), wp.data.eq(src[0][0].data)]
+                else:
+                    m.d.comb += [wp.en.eq(_any(sel)),
+                                 wp.addr.eq(_any(r.addr & s.replicate(ab) for (r, _, _), s in zip(src, sel))),
+                                 wp.data.eq(_any(r.data & s.replicate(W8) for (r, _, _), s in zip(src, sel)))]
 
-        # parameter banks
-        for o in range(p.ocp):
+        # ---- parameter banks: LOAD is their only writer ----
+        for b in range(nimg, p.num_banks):
+            wp = self.mems[b].write_port()
+            m.d.comb += [wp.addr.eq(self.load_wr.addr), wp.data.eq(self.load_wr.data),
+                         wp.en.eq(self.load_wr.en & (self.load_wr.bank == b) & go_load)]
+        for o in range(p.ocp):                                      # CONV only: never refused
             rp = self.mems[p.convw_base + o].read_port(transparent_for=())
             m.d.comb += [rp.addr.eq(self.convw_rd.addr), rp.en.eq(self.convw_rd.en),
                          self.convw_rd.data[o].eq(rp.data)]
-        for req, b in ((self.dw_rd, p.dwconvw_bank), (self.conv_bias_rd, p.bias_bank),
-                       (self.misc_bias_rd, p.bias_bank)):
-            rp = self.mems[b].read_port(transparent_for=())
-            m.d.comb += [rp.addr.eq(req.addr), rp.en.eq(req.en), req.data.eq(rp.data)]
+        # DWCONVW: MISC only; a frozen MISC reads nothing, so the port keeps its data (no hold register)
+        rp = self.mems[p.dwconvw_bank].read_port(transparent_for=())
+        m.d.comb += [rp.addr.eq(self.dw_rd.addr), rp.en.eq(self.dw_rd.en & go_misc), self.dw_rd.data.eq(rp.data)]
+        # BIAS: CONV and MISC share the read port
+        rp = self.mems[bias].read_port(transparent_for=())
+        m.d.comb += [rp.en.eq(self.conv_bias_rd.en | (self.misc_bias_rd.en & go_misc)),
+                     rp.addr.eq(Mux(self.conv_bias_rd.en, self.conv_bias_rd.addr, self.misc_bias_rd.addr)),
+                     self.conv_bias_rd.data.eq(rp.data)]
+        deliver(rp.data, "misc", "misc_bias", self.misc_bias_rd.data)
         return m
+
+
+# ---- engine freeze -------------------------------------------------------------------------------
+def freeze(engine, go):
+    """`engine` with its sync domain enabled by `go` (a refused engine does not advance); add the result
+    as the submodule. With go = None (CONV) the engine is returned unchanged."""
+    return engine if go is None else EnableInserter({"sync": go})(engine)
+
+
+def connect_load_ddr(m, load, port, go):
+    """LOAD's DDR read port to `port` (responder side, e.g. the core's flipped ddr_rd): a refused LOAD
+    reads nothing, and the data of its last granted read is held for it while it is frozen."""
+    p_data = port.data
+    m.d.comb += [port.en.eq(load.ddr_rd.en & go), port.addr.eq(load.ddr_rd.addr)]
+    fresh = Signal(name="load_ddr_fresh")
+    held = Signal(len(p_data), name="load_ddr_held", reset_less=True)
+    m.d.sync += fresh.eq(go)
+    with m.If(fresh):
+        m.d.sync += held.eq(p_data)
+    m.d.comb += load.ddr_rd.data.eq(Mux(fresh, p_data, held))
+
+
+def connect_save_ddr(m, unit, port, go):
+    """A SAVE unit's DDR write port to `port`: a refused unit writes nothing (it presents the same beat
+    again when it resumes)."""
+    w = unit.ddr_wr
+    m.d.comb += [port.en.eq(w.en & go), port.addr.eq(w.addr), port.data.eq(w.data), port.mask.eq(w.mask)]
 
 
 # ---- wiring of each engine to its BankArray ports (used by the core and by the block tests) ----------
