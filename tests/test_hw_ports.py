@@ -309,3 +309,46 @@ def test_harness_detects_a_wrong_stall_expectation():
     refused = dict(refused, save1=refused["save1"][:-1])
     with pytest.raises(AssertionError, match="end"):
         check_ends(res, refused, sched)
+
+
+# ---- whole core (Verilator): the stall counters of the register map --------------------------------
+def test_core_stall_counters_explain_every_delay():
+    """Random programs on the whole core (Verilator bench): every DDR byte equals the executor's; per
+    engine, the bank-stall counter read over the register bus (LSTALL 0x1B0 ... MSTALL 0x1BC) equals the
+    sum over its instructions of end - start - cost, each term >= 0; CONV is never refused; a program
+    without stalls is cycle-exact with the cycle model, and any other difference is in cycles only."""
+    from opendpu.isa.fields import OPS, Engine
+    from opendpu.hw.harness import build, ddr_needed, run_jobs
+    from opendpu.runtime.cosim import compare, initial_machine, rtl_job, through_end
+    from opendpu.sim.progen import random_program
+    small = Target.parametric(pp=2, cp=4, alu_pp=2, bank_depth=256)
+    name = {Engine.LOAD: "LSTALL", Engine.CONV: "CSTALL", Engine.SAVE: "SSTALL", Engine.MISC: "MSTALL"}
+    prepared, jobs, need, banks = [], [], 1 << 20, None
+    for s in range(8):
+        g = random_program(small, 40, seed=s)
+        instrs = through_end(g.instructions)
+        m = initial_machine(small, g.reg_sizes, g.reg_init)
+        if banks is not None:
+            m.banks[...] = banks                    # the bench keeps banks from one program to the next
+        sched = simulate(to_arrays(instrs), small, machine=m)
+        banks = m.banks.copy()
+        prepared.append((instrs, sched, m))
+        jobs.append(rtl_job(f"seed {s}", instrs, g.reg_sizes, g.reg_init, sched))
+        need = max(need, ddr_needed(g.reg_sizes))
+    results = run_jobs(build(small, ddr_bytes=need), jobs)
+    total = 0
+    for (instrs, sched, m), res in zip(prepared, results):
+        rep = compare("p", small, instrs, sched, m, res)
+        assert res.status == "done" and res.sts == 0
+        extra = dict.fromkeys(name.values(), 0)
+        for k, i in enumerate(instrs[:-1]):         # the END is not an engine instruction
+            d = int(res.end[k]) - int(res.start[k]) - int(sched.cost[k])
+            assert d >= 0, (k, i.op, d)
+            extra[name[OPS[int(sched.op[k])].engine]] += d
+        assert res.bank_stalls == extra, (res.bank_stalls, extra)
+        assert res.bank_stalls["CSTALL"] == 0
+        if not sum(extra.values()):
+            assert rep.ok, rep.summary()
+        assert {mm.kind for mm in rep.mismatches} <= {"start", "end", "retire", "cycles"}, rep.summary()
+        total += sum(extra.values())
+    assert total > 0                                # the random programs do contend for banks
