@@ -77,18 +77,7 @@ def costs(op, fl, stop, tp, tm, cost, port, ddr_reg, ddr_rd, ddr_wr, err):
             if f[K.LD_BCAST] == 7:
                 cost[i] = tm[TM_LD_SETUP] + length * lines
             else:
-                jr = f[K.LD_JR]
-                aug = jr <= ch and ch <= 64
-                first_end = length - f[K.LD_PAD_IDX]
-                cw = lines * w
-                cyc = 0
-                nb = 0
-                for it in range(length):
-                    lo, hi = K._load_span(it, ch, aug, f[K.LD_PAD_START], f[K.LD_PAD_END], jr, first_end, cw)
-                    b = hi - lo if hi > lo else 0
-                    beats = _cdiv(b, bpc * ports)
-                    cyc += beats if beats > lines else lines
-                    nb += b
+                cyc, nb, _ = P.load_items(f, lines, w, bpc * ports)
                 cost[i] = tm[TM_LD_SETUP] + lat + cyc
                 ddr_reg[i] = f[K.LD_REG]
                 ddr_rd[i] = nb
@@ -139,7 +128,7 @@ def costs(op, fl, stop, tp, tm, cost, port, ddr_reg, ddr_rd, ddr_wr, err):
 
 @njit(cache=True)
 def _resolve(rs, clist, ncs, pend, tau, cur, start, end, cost, st_bank, kind, prm, rfoot, wfoot, fl, bp, w, wd,
-             nunits, info):
+             nunits, info, act, grant, dummy):
     """Advance the bank-port arbitration (docs/bank-ports.md §3-4) from cycle rs[0] until at least one
     pending instruction (pend[u] >= 0: started, end not yet known) ends; set its end.
 
@@ -149,9 +138,7 @@ def _resolve(rs, clist, ncs, pend, tau, cur, start, end, cost, st_bank, kind, pr
     next event; otherwise it steps from one change of any active request to the next."""
     T = rs[0]
     cpos = rs[1]
-    act = np.zeros(nunits, np.bool_)
-    grant = np.zeros(nunits, np.bool_)
-    dummy = np.zeros(2, np.int64)
+    info[7] += 1
     while True:
         while cpos < ncs and end[clist[cpos]] <= T:
             cpos += 1
@@ -182,30 +169,38 @@ def _resolve(rs, clist, ncs, pend, tau, cur, start, end, cost, st_bank, kind, pr
         if nact == 0:
             T += horizon
             continue
+        # footprints of what each active instruction may still request (they only shrink with time)
         acc_r = 0
         acc_w = 0
         if c >= 0:
-            acc_r = rfoot[c]
-            acc_w = wfoot[c]
-        conflict = False
+            acc_r, acc_w = P.future_foot(P.KD_CONV, prm[c], T - start[c])
+        dup_r = 0
+        dup_w = 0
         for u in range(1, nunits):
             if act[u]:
                 x = pend[u]
-                if (rfoot[x] & acc_r) != 0 or (wfoot[x] & acc_w) != 0:
-                    conflict = True
-                    break
-                acc_r |= rfoot[x]
-                acc_w |= wfoot[x]
+                fr, fw = P.future_foot(kind[x], prm[x], tau[u])
+                dup_r |= fr & acc_r
+                dup_w |= fw & acc_w
+                acc_r |= fr
+                acc_w |= fw
+        conflict = dup_r != 0 or dup_w != 0
         d = horizon
         if not conflict:
+            info[8] += 1
             for u in range(1, nunits):
                 if act[u]:
                     tau[u] += d
         else:
+            info[9] += 1
+            # Requests are compared only on the banks in two or more of the footprints (dup): as long as
+            # that part of every request stays the same, so do all grants.
+            rel_r = dup_r
+            rel_w = dup_w
             used_r = 0
             used_w = 0
             if c >= 0:
-                rm, wm, run = P.request(P.KD_CONV, prm[c], fl[c], T - start[c], dummy, bp, w)
+                rm, wm, run = P.request(P.KD_CONV, prm[c], fl[c], T - start[c], dummy, bp, w, rel_r, rel_w)
                 used_r = rm
                 used_w = wm
                 if run < d:
@@ -213,7 +208,7 @@ def _resolve(rs, clist, ncs, pend, tau, cur, start, end, cost, st_bank, kind, pr
             for u in range(1, nunits):
                 if act[u]:
                     x = pend[u]
-                    rm, wm, run = P.request(kind[x], prm[x], fl[x], tau[u], cur[u], bp, w)
+                    rm, wm, run = P.request(kind[x], prm[x], fl[x], tau[u], cur[u], bp, w, rel_r, rel_w)
                     if (rm & used_r) != 0 or (wm & used_w) != 0:
                         grant[u] = False
                     else:
@@ -308,6 +303,9 @@ def schedule(eng, dpdon, dpdby, words, cost, port, n, tm, fetch, disp, start, en
     tau = np.zeros(nunits, np.int64)
     cur = np.zeros((nunits, 2), np.int64)
     rs = np.zeros(2, np.int64)
+    act = np.zeros(nunits, np.bool_)
+    grant = np.zeros(nunits, np.bool_)
+    dummy = np.zeros(2, np.int64)
     clist = elist[off[CONV_E]:off[CONV_E + 1]]
     a_prev = lf - 1
     nd = 0
@@ -444,7 +442,7 @@ def schedule(eng, dpdon, dpdby, words, cost, port, n, tm, fetch, disp, start, en
                 status = ST_DEADLOCK
                 break
             status = _resolve(rs, clist, head[CONV_E], pend, tau, cur, start, end, cost, st_bank, kind, prm,
-                              rfoot, wfoot, fl, bp, w, wd, nunits, info)
+                              rfoot, wfoot, fl, bp, w, wd, nunits, info, act, grant, dummy)
             if status != ST_OK:
                 break
     info[0] = nd

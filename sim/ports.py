@@ -50,8 +50,8 @@ TM_DDR_BPC, TM_PORTS = 4, 5          # slots of the timing vector (sim/_timing.p
 (P_N, P_PERIOD, P_KYRUN, P_VPP, P_GB, P_C, P_SOI, P_SH, P_WM,
  P_WFIRST, P_WPER, P_WCNT, P_BFIRST, P_BPER, P_BCNT,
  P_RM0, P_RM1, P_RM2, P_RM3, P_SAME,
- P_LEN, P_LINES, P_PER, P_W0, P_MASK, P_BIASM, P_PP) = range(27)
-NPRM = 27
+ P_LEN, P_LINES, P_PER, P_W0, P_MASK, P_BIASM, P_PP, P_RCONST, P_RUNION, P_BLAST, P_WLAST, P_LAST) = range(32)
+NPRM = 32
 
 
 @njit(cache=True)
@@ -84,6 +84,104 @@ def _row_mask(prm, ky):
     pp = prm[P_PP]
     u = (prm[P_C] + (prm[P_SOI] + ky) // prm[P_SH]) % pp
     return _rot_block(prm[P_VPP], u, pp) << prm[P_GB]
+
+
+@njit(cache=True)
+def load_items(f, lines, w, bp):
+    """(Σ item cycles, Σ unmasked bytes, cycles of every item if they are all equal else -1) of a DDR
+    LOAD: item i takes max(lines, ceil(b_i / bp)) cycles. Only the first items (masked by pad_start) and
+    the last pad_idx items (masked by pad_end) can differ from the others, which read all `channel` bytes
+    (spec §6.2), so only those are visited."""
+    ch = f[K.LD_CHANNEL]
+    length = f[K.LD_LENGTH]
+    jr = f[K.LD_JR]
+    aug = jr <= ch and ch <= 64
+    full = _cdiv(ch, bp)
+    if full < lines:
+        full = lines
+    if not aug:
+        return length * full, length * ch, full
+    first_end = length - f[K.LD_PAD_IDX]
+    cw = lines * w
+    a = _cdiv(f[K.LD_PAD_START], jr)          # items before a can have lo > 0
+    if a > length:
+        a = length
+    m1 = first_end if first_end > a else a     # items in [a, m1) read all channel bytes
+    if m1 > length:
+        m1 = length
+    cyc = (m1 - a) * full
+    nb = (m1 - a) * ch
+    per = full if m1 > a else -2
+    for part in range(2):
+        i0 = 0 if part == 0 else m1
+        i1 = a if part == 0 else length
+        for it in range(i0, i1):
+            lo, hi = K._load_span(it, ch, aug, f[K.LD_PAD_START], f[K.LD_PAD_END], jr, first_end, cw)
+            b = hi - lo if hi > lo else 0
+            c = _cdiv(b, bp)
+            if c < lines:
+                c = lines
+            cyc += c
+            nb += b
+            if per == -2:
+                per = c
+            elif c != per:
+                per = -1
+    return cyc, nb, per
+
+
+@njit(cache=True)
+def _rows_union(p, kh):
+    """Union of the row masks over kernel rows 0..kh-1: vpp + (number of extra slots) consecutive slots."""
+    pp = p[P_PP]
+    q0 = p[P_SOI] // p[P_SH]
+    q1 = (p[P_SOI] + kh - 1) // p[P_SH]
+    width = p[P_VPP] + q1 - q0
+    if width > pp:
+        width = pp
+    return _rot_block(width, (p[P_C] + q0) % pp, pp) << p[P_GB]
+
+
+@njit(cache=True)
+def future_foot(kind, p, tau):
+    """(reads, writes): the banks the instruction may still request from engine time τ on."""
+    if kind == KD_NONE:
+        return 0, 0
+    if kind == KD_LOAD:
+        return 0, (p[P_MASK] if tau <= p[P_LAST] else 0)
+    if kind == KD_SAVE:
+        return (p[P_MASK] if tau <= p[P_LAST] else 0), 0
+    r = p[P_RUNION] if tau <= p[P_N] else 0
+    if tau <= p[P_BLAST]:
+        r |= p[P_BIASM]
+    return r, (p[P_WM] if tau <= p[P_WLAST] else 0)
+
+
+@njit(cache=True)
+def _finish(p, kind, rfoot, wfoot, i):
+    """Last request times and the static footprint of instruction i (its prm row p)."""
+    if kind == KD_LOAD or kind == KD_SAVE:
+        per = p[P_PER]
+        if per > 0:                           # (unequal LOAD items: trace_params sets P_LAST)
+            p[P_LAST] = p[P_W0] + (p[P_LEN] - 1) * per + p[P_LINES] - 1
+    elif kind != KD_NONE:
+        p[P_BLAST] = p[P_BFIRST] + (p[P_BCNT] - 1) * p[P_BPER] if p[P_BCNT] > 0 else -1
+        p[P_WLAST] = p[P_WFIRST] + (p[P_WCNT] - 1) * p[P_WPER] if p[P_WCNT] > 0 else -1
+        last = p[P_N]
+        if p[P_BLAST] > last:
+            last = p[P_BLAST]
+        if p[P_WLAST] > last:
+            last = p[P_WLAST]
+        p[P_LAST] = last
+    rfoot[i], wfoot[i] = future_foot(kind, p, 0)
+
+
+@njit(cache=True)
+def _rows_const(p, kh):
+    """1 if every kernel row reads the same banks (all rows in one slot, or vpp = PP: the whole group)."""
+    if p[P_VPP] >= p[P_PP] or (p[P_SOI] + kh - 1) // p[P_SH] == p[P_SOI] // p[P_SH]:
+        return 1
+    return 0
 
 
 @njit(cache=True)
@@ -144,11 +242,8 @@ def trace_params(op, fl, n, tp, tm, kind, prm, rfoot, wfoot):
             p[P_BPER] = 1
             p[P_BCNT] = 1
             p[P_BIASM] = bias
-            r = 0
-            for ky in range(kh):
-                r |= _row_mask(p, ky)
-            rfoot[i] = r | bias
-            wfoot[i] = p[P_WM]
+            p[P_RCONST] = _rows_const(p, kh)
+            p[P_RUNION] = _rows_union(p, kh)
         elif o == K.OP_ALU and ai[K.AI_KH] >= 0:
             kh, kw, kd, cg = ai[K.AI_KH], ai[K.AI_KW], f[K.AL_KD], ai[K.AI_CG]
             kk = kh * kw * kd
@@ -172,11 +267,8 @@ def trace_params(op, fl, n, tp, tm, kind, prm, rfoot, wfoot):
                 p[P_BPER] = kk
                 p[P_BCNT] = nl
                 p[P_BIASM] = bias
-            r = 0
-            for ky in range(kh):
-                r |= _row_mask(p, ky)
-            rfoot[i] = r | p[P_BIASM]
-            wfoot[i] = p[P_WM]
+            p[P_RCONST] = _rows_const(p, kh)
+            p[P_RUNION] = _rows_union(p, kh)
         elif o == K.OP_ELEW:
             num = f[K.EW_NUM]
             vpp = f[K.EW_VPP]
@@ -216,8 +308,7 @@ def trace_params(op, fl, n, tp, tm, kind, prm, rfoot, wfoot):
                 p[P_WFIRST] = 5 + num
                 p[P_WPER] = num
                 p[P_WCNT] = nq
-                rfoot[i] = r
-                wfoot[i] = m
+                p[P_RUNION] = r
         elif o == K.OP_LOAD:
             bank = f[K.LD_BANK_ID]
             if bank < nimg:
@@ -233,24 +324,10 @@ def trace_params(op, fl, n, tp, tm, kind, prm, rfoot, wfoot):
                     p[P_PER] = lines
                 else:
                     p[P_W0] = 2
-                    jr = f[K.LD_JR]
-                    aug = jr <= ch and ch <= 64
-                    first_end = length - f[K.LD_PAD_IDX]
-                    cw = lines * w
-                    per = -1
-                    for it in range(length):
-                        lo, hi = K._load_span(it, ch, aug, f[K.LD_PAD_START], f[K.LD_PAD_END], jr, first_end, cw)
-                        b = hi - lo if hi > lo else 0
-                        c = _cdiv(b, bp)
-                        if c < lines:
-                            c = lines
-                        if it == 0:
-                            per = c
-                        elif c != per:
-                            per = -1
-                            break
+                    cyc, _, per = load_items(f, lines, w, bp)
                     p[P_PER] = per
-                wfoot[i] = p[P_MASK]
+                    if per < 0:                   # last item: its first loop cycle + 1 + lines - 1
+                        p[P_LAST] = 1 + cyc - _load_item_cycles(f, length - 1, lines, bp, w) + lines
         elif o == K.OP_SAVE:
             bank = f[K.SV_BANK_ID]
             if f[K.SV_CONST_EN] == 0 and bank < nimg:
@@ -264,7 +341,7 @@ def trace_params(op, fl, n, tp, tm, kind, prm, rfoot, wfoot):
                 p[P_PER] = beats if beats > lines else lines
                 p[P_W0] = 1
                 p[P_MASK] = np.int64(1) << bank
-                rfoot[i] = p[P_MASK]
+        _finish(p, kind[i], rfoot, wfoot, i)
 
 
 @njit(cache=True)
@@ -328,14 +405,18 @@ def _load_item_cycles(f, it, lines, bp, w):
 
 
 @njit(cache=True)
-def request(kind, p, f, tau, cur, bp, w):
+def request(kind, p, f, tau, cur, bp, w, rel_r, rel_w):
     """(read mask, write mask, run) of an instruction with trace `kind`, parameters `p` (its prm row) and
-    fields `f` in engine time τ; the masks stay the same for τ .. τ + run - 1. `cur` = [item, first τ of
-    the item] is a cursor for LOADs with unequal items; τ must not decrease between calls with one
-    cursor (reset it to [0, 1] for a new instruction)."""
+    fields `f` in engine time τ, restricted to the banks of rel_r (reads) and rel_w (writes); the
+    restricted masks stay the same for τ .. τ + run - 1 (with rel_r = rel_w = -1: the whole request).
+    `cur` = [item, first τ of the item] is a cursor for LOADs with unequal items; τ must not decrease
+    between calls with one cursor (reset it to [0, 1] for a new instruction)."""
     if kind == KD_NONE:
         return 0, 0, INF
     if kind == KD_LOAD or kind == KD_SAVE:
+        m = p[P_MASK] & (rel_w if kind == KD_LOAD else rel_r)
+        if m == 0:
+            return 0, 0, INF
         lines = p[P_LINES]
         per = p[P_PER]
         if per > 0:
@@ -357,8 +438,8 @@ def request(kind, p, f, tau, cur, bp, w):
         if not hit:
             return 0, 0, run
         if kind == KD_LOAD:
-            return 0, p[P_MASK], run
-        return p[P_MASK], 0, run
+            return 0, m, run
+        return m, 0, run
     rm = 0
     wm = 0
     n = p[P_N]
@@ -368,27 +449,52 @@ def request(kind, p, f, tau, cur, bp, w):
         j = tau - 1
         if kind == KD_ELEW:
             num = p[P_PERIOD]
-            rm = p[P_RM0 + j % num]
-            run = n + 1 - tau if p[P_SAME] != 0 else 1
+            rm = p[P_RM0 + j % num] & rel_r
+            run = n + 1 - tau
+            for k in range(num):
+                if (p[P_RM0 + k] & rel_r) != rm:
+                    run = 1
         else:
             kr = p[P_KYRUN]
+            kh = p[P_PERIOD] // kr
             ky = (j % p[P_PERIOD]) // kr
-            rm = _row_mask(p, ky)
-            run = kr - j % kr
+            rm = _row_mask(p, ky) & rel_r
+            if p[P_RCONST] != 0:
+                run = n + 1 - tau
+            else:
+                # the rows move to the next bank slot every stride_h kernel rows: find the next kernel
+                # row of this column whose (restricted) banks differ; if none, and the first rows of the
+                # next column have the same banks too, the run goes on into it (checked up to PP slots)
+                ky2 = ky + 1
+                while ky2 < kh and (_row_mask(p, ky2) & rel_r) == rm:
+                    ky2 += 1
+                run = (ky2 - ky) * kr - j % kr
+                if ky2 == kh:
+                    same = True
+                    for q in range(p[P_PP]):
+                        kq = q * p[P_SH]
+                        if kq < kh and (_row_mask(p, kq) & rel_r) != rm:
+                            same = False
+                    if same:
+                        run = n + 1 - tau
             if run > n + 1 - tau:
                 run = n + 1 - tau
     else:
         run = INF
-    hit, r2 = _events(tau, p[P_BFIRST], p[P_BPER], p[P_BCNT])
-    if hit:
-        rm |= p[P_BIASM]
-    if r2 < run:
-        run = r2
-    hit, r2 = _events(tau, p[P_WFIRST], p[P_WPER], p[P_WCNT])
-    if hit:
-        wm = p[P_WM]
-    if r2 < run:
-        run = r2
+    bm = p[P_BIASM] & rel_r
+    if bm != 0:
+        hit, r2 = _events(tau, p[P_BFIRST], p[P_BPER], p[P_BCNT])
+        if hit:
+            rm |= bm
+        if r2 < run:
+            run = r2
+    wmm = p[P_WM] & rel_w
+    if wmm != 0:
+        hit, r2 = _events(tau, p[P_WFIRST], p[P_WPER], p[P_WCNT])
+        if hit:
+            wm = wmm
+        if r2 < run:
+            run = r2
     return rm, wm, run
 
 
@@ -403,7 +509,7 @@ def expand(kind, p, f, cost, bp, w, rd, wr, check_runs):
     hold_w = 0
     hold_until = -1
     for tau in range(cost):
-        a, b, run = request(kind, p, f, tau, cur, bp, w)
+        a, b, run = request(kind, p, f, tau, cur, bp, w, -1, -1)
         rd[tau] = a
         wr[tau] = b
         if check_runs and bad < 0:

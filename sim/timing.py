@@ -238,7 +238,7 @@ def simulate(program, target: Target, machine: DpuMachine | None = None) -> Sche
     P.trace_params(op, fl, n, tp, tm, kind, prm, rfoot, wfoot)
     bp = int(tm[T.TM_DDR_BPC] * tm[T.TM_PORTS])
     arrs = [np.zeros(n, np.int64) for _ in range(8)]
-    info = np.zeros(8, np.int64)
+    info = np.zeros(10, np.int64)
     tok = np.zeros((2, T.NENG, T.NENG), np.int64)
     src = np.full((n, T.NENG), -1, np.int64)
     st_bank = np.zeros(n, np.int64)
@@ -249,6 +249,7 @@ def simulate(program, target: Target, machine: DpuMachine | None = None) -> Sche
         raise AssertionError(f"cycle model: instruction {int(info[6])} would start before the resolved time")
     sched = Schedule(target, op[:n].copy(), eng, cost, fetch, disp, start, end, ret, st_tok, st_q, st_ddr,
                      port, ddr_reg, ddr_rd, ddr_wr, src, complete=status == T.ST_OK, stall_bank=st_bank)
+    sched.extra["arbitration"] = dict(calls=int(info[7]), jumps=int(info[8]), steps=int(info[9]))
     if status == T.ST_DEADLOCK:
         raise _deadlock(sched, info, tok, on, tm)
     if status == T.ST_WATCHDOG:
