@@ -522,42 +522,10 @@ def expand(kind, p, f, cost, bp, w, rd, wr, check_runs):
     return bad
 
 
-def instruction_traces(program, target) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per instruction (through the first END): (reads, writes) bank masks for every τ < cost."""
-    from .executor import _target_params, checked_arrays
-    from .timing import _as_arrays, timing_vector
-    from . import _timing as T
-    prog = _as_arrays(program)
-    op, fl = checked_arrays(prog)
-    ends = np.nonzero(op == K.OP_END)[0]
-    n = int(ends[0]) + 1 if len(ends) else len(op)
-    tp = _target_params(target)
-    tm = timing_vector(target)
-    cost = np.zeros(n, np.int64)
-    z = [np.zeros(n, np.int64) for _ in range(4)]
-    err = np.zeros(3, np.int64)
-    T.costs(op, fl, n, tp, tm, cost, *z, err)
-    kind = np.zeros(n, np.int64)
-    prm = np.zeros((n, NPRM), np.int64)
-    rf = np.zeros(n, np.int64)
-    wf = np.zeros(n, np.int64)
-    trace_params(op, fl, n, tp, tm, kind, prm, rf, wf)
-    bp = target.timing.ddr_bytes_per_cycle * target.timing.ddr_ports
-    out = []
-    for i in range(n):
-        rd = np.zeros(cost[i], np.int64)
-        wr = np.zeros(cost[i], np.int64)
-        bad = expand(kind[i], prm[i], fl[i], cost[i], bp, target.cp, rd, wr, True)
-        if bad >= 0:
-            raise AssertionError(f"instruction {i}: request run not constant at tau {bad}")
-        out.append((rd, wr))
-    return out
-
-
 def mask_banks(m: int) -> list[int]:
     """The bank ids of a mask."""
     return [b for b in range(63) if (int(m) >> b) & 1]
 
 
-__all__ = ["instruction_traces", "request", "trace_params", "expand", "mask_banks", "KD_NONE", "KD_CONV",
+__all__ = ["request", "trace_params", "expand", "mask_banks", "KD_NONE", "KD_CONV",
            "KD_ALU", "KD_ELEW", "KD_LOAD", "KD_SAVE", "NPRM"]

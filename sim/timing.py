@@ -299,4 +299,34 @@ def _deadlock(sched: Schedule, info, tok, dpdon, tm) -> DeadlockError:
     return DeadlockError(msg, blocked, sched)
 
 
-__all__ = ["simulate", "Schedule", "DeadlockError", "WatchdogError", "timing_vector"]
+def instruction_traces(program, target) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per instruction (through the first END): (reads, writes) bank-port request masks (sim/ports.py) for
+    every engine time τ < cost; raises AssertionError if a request run of sim/ports.request is wrong."""
+    prog = _as_arrays(program)
+    op, fl = checked_arrays(prog)
+    ends = np.nonzero(op == _END)[0]
+    n = int(ends[0]) + 1 if len(ends) else len(op)
+    tp = _target_params(target)
+    tm = timing_vector(target)
+    cost = np.zeros(n, np.int64)
+    z = [np.zeros(n, np.int64) for _ in range(4)]
+    err = np.zeros(3, np.int64)
+    T.costs(op, fl, n, tp, tm, cost, *z, err)
+    kind = np.zeros(n, np.int64)
+    prm = np.zeros((n, P.NPRM), np.int64)
+    rf = np.zeros(n, np.int64)
+    wf = np.zeros(n, np.int64)
+    P.trace_params(op, fl, n, tp, tm, kind, prm, rf, wf)
+    bp = target.timing.ddr_bytes_per_cycle * target.timing.ddr_ports
+    out = []
+    for i in range(n):
+        rd = np.zeros(cost[i], np.int64)
+        wr = np.zeros(cost[i], np.int64)
+        bad = P.expand(kind[i], prm[i], fl[i], cost[i], bp, target.cp, rd, wr, True)
+        if bad >= 0:
+            raise AssertionError(f"instruction {i}: request run not constant at tau {bad}")
+        out.append((rd, wr))
+    return out
+
+
+__all__ = ["simulate", "instruction_traces", "Schedule", "DeadlockError", "WatchdogError", "timing_vector"]

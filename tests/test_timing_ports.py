@@ -15,7 +15,7 @@ from opendpu.isa.program import Instruction
 from opendpu.isa.target import Target
 from opendpu.sim import ports
 from opendpu.sim.progen import random_program
-from opendpu.sim.timing import simulate
+from opendpu.sim.timing import instruction_traces, simulate
 
 L, S, C, M = 1, 2, 4, 8
 TM = dict(fetch_latency=5, fetch_fifo_words=32, queue_depth=4, ddr_latency=7, ddr_bytes_per_cycle=4,
@@ -49,7 +49,7 @@ def test_trace_conv_rows_bias_writes():
     # τ = 3 + K = 5 and 3 + 2K = 7, rows 0, 1 of bank_id_out 9: banks 9, 10. Cost 11 + 4 = 15.
     ci = mk("CONVINIT", kernel_h=2, valid_pixel_parallel=2)
     cv = mk("CONV", bank_id_in=6, bank_id_out=9, length=2, channel_group=1)
-    tr = ports.instruction_traces([ci, cv, END()], T16)
+    tr = instruction_traces([ci, cv, END()], T16)
     assert len(tr[1][0]) == 15
     assert sets(tr[1]) == {1: ({6, 7, BIAS}, set()), 2: ({7, 0}, set()), 3: ({6, 7}, set()), 4: ({7, 0}, set()),
                            5: (set(), {9, 10}), 7: (set(), {9, 10})}
@@ -61,7 +61,7 @@ def test_trace_conv_stride_padding_ignored():
     # ky 0 rows in slots 4,5,6; ky 1, 2 in 5,6,7. Padding does not change the requests. K = 3·1·1.
     ci = mk("CONVINIT", kernel_h=3, stride_h=2, stride_offset_in=1, valid_pixel_parallel=3)
     cv = mk("CONV", bank_id_in=4, bank_id_out=0, length=1, channel_group=1, pad_top=2, pad_bottom=0)
-    tr = sets(ports.instruction_traces([ci, cv, END()], T16)[1])
+    tr = sets(instruction_traces([ci, cv, END()], T16)[1])
     assert tr == {1: ({4, 5, 6, BIAS}, set()), 2: ({5, 6, 7}, set()), 3: ({5, 6, 7}, set()), 6: (set(), {0, 1, 2})}
 
 
@@ -71,13 +71,13 @@ def test_trace_alu_mode0_bias_per_output_line():
     # Lines written in τ = 5 + (l+1)·KK = 7, 9: rows 0, 1 of bank_id_out 12 -> banks 12, 13. Cost 13 + 4.
     ai = mk("ALUINIT", exec_mode=0, kernel_h=2, channel_group=2, length=1)
     al = mk("ALU", bank_id_in=3, bank_id_out=12, valid_pixel_parallel=2, pad_top=1, pad_bottom=0)
-    tr = ports.instruction_traces([ai, al, END()], T16)[1]
+    tr = instruction_traces([ai, al, END()], T16)[1]
     assert len(tr[0]) == 17
     assert sets(tr) == {1: ({3, 4}, set()), 2: ({4, 5, BIAS}, set()), 3: ({3, 4}, set()), 4: ({4, 5, BIAS}, set()),
                         7: (set(), {12, 13}), 9: (set(), {12, 13})}
     # other modes read no BIAS
     ai2 = mk("ALUINIT", exec_mode=3, kernel_h=2, channel_group=2, length=1)
-    assert all(BIAS not in r for r, _ in sets(ports.instruction_traces([ai2, al, END()], T16)[1]).values())
+    assert all(BIAS not in r for r, _ in sets(instruction_traces([ai2, al, END()], T16)[1]).values())
 
 
 def test_trace_elew_share_pp_and_jump_bank():
@@ -87,7 +87,7 @@ def test_trace_elew_share_pp_and_jump_bank():
     e0 = mk("ELEWINIT", id=0, share_pp=1, bank_id_in=5)
     e1 = mk("ELEWINIT", id=1, bank_id_in=2, jump_bank=2)
     ew = mk("ELEW", num=2, valid_pixel_parallel=3, channel_group=1, length=2, bank_id_out=14)
-    tr = ports.instruction_traces([e0, e1, ew, END()], T16)[2]
+    tr = instruction_traces([e0, e1, ew, END()], T16)[2]
     assert len(tr[0]) == 21
     assert sets(tr) == {1: ({5}, set()), 2: ({2, 4, 6}, set()), 3: ({5}, set()), 4: ({2, 4, 6}, set()),
                         7: (set(), {14, 15, 8}), 9: (set(), {14, 15, 8})}
@@ -99,26 +99,26 @@ def test_trace_load_masked_items_and_broadcast():
     # in τ 1, 3, 5, 8; lines written one cycle after their read: τ 2,3 | 4,5 | 6,7 | 9,10.
     # Cost 3 + 7 + 10 = 20.
     ld = mk("LOAD", bank_id=4, channel=24, jump_read=8, pad_start=20, length=4, jump_write=2)
-    tr = ports.instruction_traces([ld, END()], T16)[0]
+    tr = instruction_traces([ld, END()], T16)[0]
     assert len(tr[0]) == 20
     assert sets(tr) == {t: (set(), {4}) for t in (2, 3, 4, 5, 6, 7, 9, 10)}
     # broadcast: lines written in the loop cycle itself, 2 items x 2 lines: τ 1..4; cost 3 + 2·2
     bc = mk("LOAD", bank_id=7, channel=20, length=2, broadcast=7, jump_write=2)
-    tr = ports.instruction_traces([bc, END()], T16)[0]
+    tr = instruction_traces([bc, END()], T16)[0]
     assert len(tr[0]) == 7 and sets(tr) == {t: (set(), {7}) for t in (1, 2, 3, 4)}
     # a LOAD of a parameter bank (CONVW 16) has no arbitrated request
-    assert sets(ports.instruction_traces([mk("LOAD", bank_id=16, channel=16), END()], T16)[0]) == {}
+    assert sets(instruction_traces([mk("LOAD", bank_id=16, channel=16), END()], T16)[0]) == {}
 
 
 def test_trace_save_plain_argmax_const():
     # plain, channel 8: 1 line, ceil(8/4) = 2 beats -> item of 2 cycles, read in its first: τ 1, 3, 5.
     sv = mk("SAVE", bank_id=3, channel=8, length=3, jump_write=8)
-    assert sets(ports.instruction_traces([sv, END()], T16)[0]) == {t: ({3}, set()) for t in (1, 3, 5)}
+    assert sets(instruction_traces([sv, END()], T16)[0]) == {t: ({3}, set()) for t in (1, 3, 5)}
     # argmax, channel 40: 3 lines, 1 byte = 1 beat -> 3 cycles per item, all reading: τ 1..6
     am = mk("SAVE", bank_id=3, channel=40, length=2, argmax=2)
-    assert sets(ports.instruction_traces([am, END()], T16)[0]) == {t: ({3}, set()) for t in range(1, 7)}
+    assert sets(instruction_traces([am, END()], T16)[0]) == {t: ({3}, set()) for t in range(1, 7)}
     # const_en reads no bank
-    assert sets(ports.instruction_traces([mk("SAVE", bank_id=3, channel=40, const_en=1), END()], T16)[0]) == {}
+    assert sets(instruction_traces([mk("SAVE", bank_id=3, channel=40, const_en=1), END()], T16)[0]) == {}
 
 
 # ---- arbitration in the schedule ------------------------------------------------------------------
@@ -227,7 +227,7 @@ def _replay_ends(instrs, target, sched):
     """Per-cycle arbitration (contract §3) over the expanded traces, with the schedule's start cycles;
     returns the end cycle of every instruction."""
     from opendpu.isa.fields import Engine
-    tr = ports.instruction_traces(instrs, target)
+    tr = instruction_traces(instrs, target)
     n = len(sched)
     nu = 3 + target.timing.ddr_ports
     unit = {Engine.CONV: 0, Engine.MISC: 1, Engine.LOAD: 2}
