@@ -171,10 +171,10 @@ def check_ends(res, refused, sched):
 
 
 # ---- instructions ----------------------------------------------------------------------------------
-def convinit(vpp=2):
-    return ins("CONVINIT", jump_read=1, shift_cut=6, act_type=0, jump_read_endl=1, shift_bias=1, stride_out=1,
-               jump_write=1, stride_offset_in=0, valid_pixel_parallel=vpp, kernel_h=1, stride_h=1,
-               jump_write_endl=1, stride_offset_out=0, kernel_w=1, stride_w=1)
+def convinit(vpp=2, stride_out=1, jump_write_endl=1):
+    return ins("CONVINIT", jump_read=1, shift_cut=6, act_type=0, jump_read_endl=1, shift_bias=1,
+               stride_out=stride_out, jump_write=1, stride_offset_in=0, valid_pixel_parallel=vpp, kernel_h=1,
+               stride_h=1, jump_write_endl=jump_write_endl, stride_offset_out=0, kernel_w=1, stride_w=1)
 
 
 def conv(bank_in, addr_in, bank_out, addr_out, length):
@@ -263,6 +263,19 @@ def test_load_and_conv_write_one_bank_load_stalls():
     assert res[1][0] == 10 and res[2][0] == 12
     assert refused["load"] == list(range(14, 24))
     assert res[2][1] == 12 + res[2][2] + 10
+    check_ends(res, refused, sched)
+
+
+@pytest.mark.parametrize("load_bank,stalls", [(2, 10), (3, 0)])
+def test_stride_out_rows_share_one_bank_write_port(load_bank, stalls):
+    """CONVINIT stride_out 2: both output rows of every column go to bank 2 (lines w and 32 + w), two
+    lines in one cycle on the bank's two write lanes, one access of CONV. A LOAD into bank 2 in that
+    window is refused for CONV's 10 write cycles (14..23), a LOAD into bank 3 (untouched) never."""
+    sched = [("conv", 0, convinit(stride_out=2, jump_write_endl=32)), ("conv", 10, conv(0, 0, 2, 0, 10)),
+             ("load", 12, load(load_bank, 20, 5, 64))]
+    res, refused = run(sched, seed=7, name=f"ports_stride_out_{load_bank}")
+    assert refused["load"] == list(range(14, 14 + stalls))
+    assert res[2][1] == 12 + res[2][2] + stalls
     check_ends(res, refused, sched)
 
 
