@@ -23,16 +23,17 @@ memory enables. CONV is never refused, so it has no grant output.
 
 A refused engine is frozen by its owner (the core wraps it in an `EnableInserter` on `*_go`, see
 `freeze`). Because the shared read port may serve another engine while one is frozen, each read row of
-an engine that can be refused has a hold register: the data of a read is presented to the engine in
-the cycle after the read when the engine was granted in the read cycle (the engine is then in its
-next step), and otherwise from the hold register, which took the port's data in that cycle: a frozen
-engine sees the data of its last granted read when it resumes. CONV, never refused, has none.
+an engine that can be refused has a hold register. In the cycle after a granted cycle the engine sees
+the port's data (of the read it was granted) and the hold register takes it; in the cycles after a
+refused cycle it sees the hold register. So a frozen engine finds the data of its last granted read
+when it resumes. CONV, never refused, has none.
 
 Write lanes. ISA1's output placement (spec §2.4) puts `stride_out` consecutive output rows of one CONV
 or ALU into one bank, at different lines, written in the same cycle. docs/bank-ports.md §2 counts them
 as one access of the engine, so the arbitrated write port of an image bank is `write_lanes(p)` lines
-wide: lane j carries the rows h = j (mod lanes) of CONV and of MISC (and LOAD on lane 0). With
-lanes = min(rows, stride_out_h_max) two rows that share a bank are always on different lanes. Only the
+wide: lane j carries the rows h = j (mod lanes) of CONV and of MISC (and LOAD on lane 0). Rows that
+share a bank are consecutive and at most min(rows, stride_out limit) of them, so with lanes = the larger
+of that number for CONV and for MISC they are always on different lanes. Only the
 granted engine drives the lanes of a bank. Targets whose stride_out limit is 1 get exactly one lane.
 """
 from __future__ import annotations
