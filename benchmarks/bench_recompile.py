@@ -2,11 +2,15 @@
 preset) and print, per DPU subgraph, ours beside AMD's: instructions, cycle-model cycles, DDR bytes read / written,
 and whether the two programs give the same output bytes on the same random inputs.
 
-    python benchmarks/bench_recompile.py [--models DIR] [--seeds 2] [--retarget]
+    python benchmarks/bench_recompile.py [--models DIR] [--seeds 2] [--retarget] [--options JSON]
+
+--options passes compile options, e.g. '{"fuse": false}' or '{"channel_augmentation": false}' to measure one
+code-generation optimisation against the program without it (docs/compiler.md).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -40,7 +44,9 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models"))
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--retarget", action="store_true", help="also compile YOLOX-nano for every preset")
+    ap.add_argument("--options", default="{}", help="compile options as JSON (e.g. '{\"fuse\": false}')")
     a = ap.parse_args(argv)
+    opts = json.loads(a.options)
     print(f"{'model / DPU subgraph':58s} {'instr ours/AMD':>16s} {'cycles ours/AMD':>22s} {'DDR rd MB ours/AMD':>20s} "
           f"{'DDR wr MB ours/AMD':>20s} {'same outputs':>12s}")
     all_same = True
@@ -48,7 +54,7 @@ def main(argv=None) -> int:
         path = os.path.join(a.models, name + ".xmodel")
         amd = Graph.load(path)
         t0 = time.time()
-        res = compile_graph(Graph.load(path), tname, recompile=True)
+        res = compile_graph(Graph.load(path), tname, recompile=True, **opts)
         tc = time.time() - t0
         ours = res.graph
         sa, so = dpu_subgraphs(amd), dpu_subgraphs(ours)
@@ -76,7 +82,7 @@ def main(argv=None) -> int:
         path = os.path.join(a.models, "yolox_nano_b4096.xmodel")
         print(f"\nYOLOX-nano retargeted ({'target':22s} instructions, cycles, ms at 300 MHz)")
         for tn in PRESET_FINGERPRINTS:
-            res = compile_graph(Graph.load(path), tn, recompile=True)
+            res = compile_graph(Graph.load(path), tn, recompile=True, **opts)
             (go,) = dpu_subgraphs(res.graph)
             d = DpuSubgraph(res.graph, go)
             _, c, r, w = run(d, rand_inputs(d, 0))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from opendpu.compiler.fixpoint import (FixPointError, LEAKY_ALPHA, avg_pool_fact
 from opendpu.compiler.program import DdrImage, DpuProgram, Layer
 from opendpu.compiler.xir.dpu_abi import CONST, INTERFACE, WORKSPACE, Register, RegisterMap
 from opendpu.compiler.xir.graph import Graph, Op, Tensor
-from opendpu.isa.deps import TokenPlanner
+from opendpu.isa.deps import ExactTokenPlanner, KeySpace, TokenPlanner
 from opendpu.isa.errors import OpenDpuError
 from opendpu.isa.fields import FIELDS
 from opendpu.isa.footprint import InitState, footprint_of
@@ -35,6 +35,7 @@ from opendpu.isa.program import Instruction
 from opendpu.isa.target import Target
 
 REG_CONST, REG_WORKSPACE, REG_IN, REG_OUT = 0, 1, 2, 3
+TOKEN_LINES = 8                  # line_chunk of the dependency planner (_tokens)
 ADDR_FIELD_LINES = 4096          # 12-bit bank address fields of LOAD / SAVE / CONV (spec §4.3)
 DDR_ALIGN = 64
 MAX_ITEMS = 1024                 # LOAD / SAVE length
@@ -114,9 +115,12 @@ class Ring:
     def __init__(self, depth: int) -> None:
         self.depth, self.ptr = depth, 0
 
-    def alloc(self, n: int, what: str) -> int:
+    def alloc(self, n: int, what: str, align: int = 1) -> int:
+        """`n` lines starting at a multiple of `align` (TOKEN_LINES keeps buffers out of each other's dependency
+        keys, so a LOAD of the next strip does not wait for the engines still reading the previous one)."""
         if n > self.depth:
             raise CodegenError(f"{what} needs {n} lines of a bank, more than the {self.depth} available")
+        self.ptr = _ceil(self.ptr, align) * align
         if self.ptr + n > self.depth:
             self.ptr = 0
         a = self.ptr
@@ -200,6 +204,10 @@ class _Ctx:
     blob: bytearray = field(default_factory=bytearray)
     workload: int = 0
     ws_alloc: Callable[[int], int] | None = None        # workspace bytes for temporaries (REG_1 offset)
+    aug: bool = False                 # channel augmentation allowed (decided per layer by the cost estimate)
+    capture: list | None = None       # when set, _run collects the layer jobs instead of emitting them
+    pipeline: bool = False            # software-pipelined strip order (_strips)
+    param_align: int = 1              # start of each parameter ring allocation (TOKEN_LINES with prefetch_layers)
 
     def temp(self, h: int, w: int, ch: int, fp: int) -> FMap:
         """A dense temporary feature map in the workspace."""
@@ -279,18 +287,33 @@ def _load_rows(c: _Ctx, fm: FMap, tile: Tile, buf: InBuf) -> None:
 
 @dataclass
 class OutBuf:
-    """Output rows of a strip: row j at bank `group + j % PP`, line `base + (j // PP)*E + col*lpp`."""
+    """Output rows of a strip: row j at bank `group + j % PP`, line `base + (j // PP)*E + col*lpp`. A fused
+    producer writes into its consumer's input buffer instead (spec §2.4 with stride_out s): row j is virtual row
+    q = q0 + j of that buffer, slot q // s (bank slot % PP, pass slot // PP), sub-row q % s, at line
+    `base + pass*s*E + (q % s)*E + col + x*lpp`."""
 
     group: int
     base: int
     E: int
     lpp: int          # lines per output pixel
+    s: int = 1        # stride_out
+    q0: int = 0       # virtual row of output row 0 (padding rows of the consumer's window before it)
+    col: int = 0      # line offset of output column 0
+
+    def place(self, t: Target, j0: int) -> tuple[int, int, int]:
+        """(bank_id_out, bank_addr_out, rows that fit before the bank group's end) of a block starting at row j0."""
+        q = self.q0 + j0
+        if q % self.s:
+            raise CodegenError(f"output row {j0} would need stride_offset_out {q % self.s}")
+        p, b = divmod(q // self.s, t.pp)
+        return self.group + b, self.base + p * self.s * self.E + self.col, (t.pp - b) * self.s
 
 
-def _save_rows(c: _Ctx, out: FMap, tile: Tile, ob: OutBuf, c0: int, nch: int) -> None:
-    """SAVE the tile's output rows (channels [c0, c0+nch) of `out`, starting at line offset 0 of each pixel)."""
+def _save_rows(c: _Ctx, out: FMap, tile: Tile, ob: OutBuf, c0: int, nch: int, rows: range | None = None) -> None:
+    """SAVE the tile's output rows (all, or `rows`; channels [c0, c0+nch) of `out`, starting at line offset 0 of
+    each pixel)."""
     t = c.target
-    for j in range(tile.rows):
+    for j in (range(tile.rows) if rows is None else rows):
         p, bank = divmod(j, t.pp)
         for x in range(0, tile.cols, MAX_ITEMS):
             n = min(MAX_ITEMS, tile.cols - x)
@@ -387,18 +410,6 @@ def _clip_addr(f: dict[str, int], limit: int) -> dict[str, int]:
     return f
 
 
-def _strip(c: _Ctx, name: str, inp: FMap, tile: Tile, sh: int, cg: int, lpp: int) -> tuple[InBuf, OutBuf]:
-    """Allocate a strip's input buffer (VB0) and output buffer (VB1, `lpp` lines per pixel) in the rings and LOAD
-    the strip's input rows."""
-    t = c.target
-    E, lines = _in_lines(t, tile, sh, cg)
-    ib = InBuf(t.img_base(0), c.img[0].alloc(lines, f"layer {name!r} input"), E, cg, sh, lines)
-    Eo = tile.cols * lpp
-    ob = OutBuf(t.img_base(1), c.img[1].alloc(_ceil(tile.rows, t.pp) * Eo, f"layer {name!r} output"), Eo, lpp)
-    _load_rows(c, inp, tile, ib)
-    return ib, ob
-
-
 def _channel_chunk(c: _Ctx, name: str, win: Window, cg_all: int, n_in: int, vb_max: int,
                    weight_lines_per_cg: int = 0) -> int:
     """Channel groups per chunk for an ALU / ELEW layer: all of them (at most 256, the channel_group field) if a
@@ -417,12 +428,208 @@ def _channel_chunk(c: _Ctx, name: str, win: Window, cg_all: int, n_in: int, vb_m
             chunk = _ceil(chunk, 2)
 
 
+def _strip(c: _Ctx, name: str, inp: FMap, tile: Tile, sh: int, cg: int, lpp: int,
+           aug: "Aug | None" = None) -> tuple[InBuf, OutBuf]:
+    """Allocate a strip's input buffer (VB0) and output buffer (VB1, `lpp` lines per pixel) in the rings and LOAD
+    the strip's input rows (channel-augmented items when `aug` is given)."""
+    t = c.target
+    align = TOKEN_LINES if c.pipeline else 1        # consecutive strips' buffers share no dependency key
+    ib = _in_buf(c, name, tile, sh, cg, inp, aug, align=align)
+    Eo = tile.cols * lpp
+    ob = OutBuf(t.img_base(1), c.img[1].alloc(_ceil(tile.rows, t.pp) * Eo, f"layer {name!r} output", align), Eo,
+                lpp)
+    return ib, ob
+
+
+def _in_buf(c: _Ctx, name: str, tile: Tile, sh: int, cg: int, inp: FMap, aug: "Aug | None" = None,
+            group: int = 0, align: int = 1) -> InBuf:
+    """A strip's input buffer in image group `group`, filled by LOADs of `inp` (or of `aug.src`, augmented)."""
+    t = c.target
+    E, lines = _in_lines(t, tile, sh, cg)
+    ib = InBuf(t.img_base(group), c.img[group].alloc(lines, f"layer {name!r} input", align), E, cg, sh, lines)
+    if aug is None:
+        _load_rows(c, inp, tile, ib)
+    else:
+        _load_aug(c, aug, tile, ib)
+    return ib
+
+
+def _cut(c: _Ctx, emit: Callable[[], Any]) -> tuple[Any, list[tuple[Instruction, int]]]:
+    """Run `emit` and take the instructions it appended back out of the stream: (its result, the instructions
+    with their layers)."""
+    i0 = len(c.s.ins)
+    r = emit()
+    seg = list(zip(c.s.ins[i0:], c.s.layer_of[i0:]))
+    del c.s.ins[i0:], c.s.layer_of[i0:]
+    return r, seg
+
+
+def _put(c: _Ctx, seg: list[tuple[Instruction, int]]) -> None:
+    for x, layer in seg:
+        c.s.ins.append(x)
+        c.s.layer_of.append(layer)
+
+
+_COMPUTE_OPS = ("CONV", "ALU", "ELEW")
+
+
+def _interleave(c: _Ctx, comp: list[tuple[Instruction, int]], extra: list[tuple[Instruction, int]]) -> None:
+    """Emit a strip's compute instructions with `extra` (LOADs / SAVEs) spread evenly after its CONV / ALU / ELEW
+    instructions, so that each engine queue gets work in the order the engines can take it (the dispatcher stops
+    behind a full queue, docs/microarchitecture.md §2)."""
+    n = sum(1 for x, _ in comp if x.op in _COMPUTE_OPS)
+    m, done, u = len(extra), 0, 0
+    for x, layer in comp:
+        c.s.ins.append(x)
+        c.s.layer_of.append(layer)
+        if x.op in _COMPUTE_OPS and n:
+            u += 1
+            due = _ceil(u * m, n)
+            _put(c, extra[done:due])
+            done = max(done, due)
+    _put(c, extra[done:])
+
+
+def _buf_span(t: Target, b: "InBuf | OutBuf", rows: int = 0) -> tuple[int, int, int]:
+    """(bank group base, first line, lines) a strip buffer occupies; an OutBuf's lines from its `rows`."""
+    if isinstance(b, InBuf):
+        return b.group, b.base, b.lines
+    return b.group, b.base, _ceil(rows, t.pp) * b.E
+
+
+def _disjoint(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
+    return a[0] != b[0] or a[1] + a[2] <= b[1] or b[1] + b[2] <= a[1]
+
+
+def _strips(c: _Ctx, tiles: list[Tile], load: Callable[[Tile], tuple["InBuf", "OutBuf"]],
+            compute: Callable[[Tile, "InBuf", "OutBuf"], None], save: Callable[[Tile, "OutBuf"], None]) -> None:
+    """The strips of one layer. In the plain order each strip is LOADs, compute, SAVEs. With `c.pipeline` the
+    program order is a software pipeline: strip k's compute instructions with the SAVEs of strip k-1 and the
+    LOADs of strip k+1 spread between them (those touch other buffers, checked here, and other DDR bytes: a
+    layer's input and output images never overlap, so the program's meaning is unchanged); with the tokens on
+    the exact conflicting instruction (isa.deps.ExactTokenPlanner) strip k+1's LOADs run under strip k's compute
+    and strip k-1's SAVEs under it too, instead of the dispatcher stopping behind a full SAVE queue that waits on
+    strip k's last CONV. A boundary where the buffers overlap (single buffering) keeps the plain order."""
+    t = c.target
+    if not c.pipeline or len(tiles) < 2:
+        for tile in tiles:
+            ib, ob = load(tile)
+            compute(tile, ib, ob)
+            save(tile, ob)
+        return
+    cur = load(tiles[0])
+    pending: list[tuple[Instruction, int]] = []         # the SAVEs of the previous strip, not emitted yet
+    prev_ob: tuple[int, int, int] | None = None
+    for k, tile in enumerate(tiles):
+        ib, ob = cur
+        _, comp = _cut(c, lambda: compute(tile, ib, ob))
+        ob_span = _buf_span(t, ob, tile.rows)
+        if pending and not _disjoint(ob_span, prev_ob):
+            _put(c, pending)                              # strip k overwrites strip k-1's output: SAVE it first
+            pending = []
+        nxt: list[tuple[Instruction, int]] = []
+        ahead = True                                      # strip k+1's LOADs may go among strip k's compute
+        if k + 1 < len(tiles):
+            cur, nxt = _cut(c, lambda: load(tiles[k + 1]))
+            ib_span = _buf_span(t, cur[0])
+            ahead = _disjoint(ib_span, _buf_span(t, ib)) and _disjoint(ib_span, ob_span)
+        _, sv = _cut(c, lambda: save(tile, ob))
+        if ahead:
+            _interleave(c, comp, pending + nxt)
+            pending = sv
+        else:
+            _interleave(c, comp, pending)
+            _put(c, sv)
+            _put(c, nxt)
+            pending = []
+        prev_ob = ob_span
+    _put(c, pending)
+
+
+def _blocks(t: Target, ob: OutBuf, rows: int, vb: int):
+    """(first row, rows, bank_id_out, bank_addr_out) of the instructions that compute `rows` output rows of a
+    strip, at most `vb` rows each; with stride_out s > 1 no block's rows wrap past the bank group and every block
+    but the last has a multiple of s rows (stride_offset_out stays 0)."""
+    j0 = 0
+    while j0 < rows:
+        bank, addr, room = ob.place(t, j0)
+        vpp = min(vb, rows - j0, room)
+        if vpp < rows - j0 and vpp > ob.s:
+            vpp -= vpp % ob.s
+        yield j0, vpp, bank, addr
+        j0 += vpp
+
+
+# ---- channel augmentation (spec §6.2; vai-c-program-patterns §5) -----------------------------------------------
+
+@dataclass(frozen=True)
+class Aug:
+    """A conv whose kw kernel columns are folded into the channels: the bank pixel of output column X holds the
+    input pixels X*sw - pl + [0, kw) (kw*IC bytes, read as one LOAD item with jump_read sw*IC); the layer runs
+    as a kh x 1 conv with stride_w 1 and the LOAD masks zero the left / right padding."""
+
+    src: FMap          # the real input image (pixels contiguous: pix == c)
+    kw: int
+    sw: int
+    pl: int
+
+
+def _aug_ok(t: Target, x: FMap, kw: int, sw: int, pl: int) -> bool:
+    """Channel augmentation can express this conv input: kw > 1 columns of contiguous pixels, kw*IC <= 64 (the
+    LOAD masking range, spec §6.2), sw <= kw, left padding shorter than the kernel (every window starts inside
+    the image or its padding, so no item is masked whole), pad_start / pad_end encodable, and slack before the
+    image for the masked bytes of the first item."""
+    ch = kw * x.c
+    if kw < 2 or sw > kw or ch > 64 or x.pix != x.c or not 0 <= pl < kw:
+        return False
+    cw = _ceil(ch, t.cp) * t.cp
+    return pl * x.c <= 31 and cw - ch + (kw - 1) * x.c <= 31 and x.addr >= pl * x.c
+
+
+def _load_aug(c: _Ctx, aug: Aug, tile: Tile, buf: InBuf) -> None:
+    """LOAD a channel-augmented tile: per real input row, items for the tile's output columns (virtual columns
+    tile.b ...); pad_start zeroes the bytes left of the image, pad_end / pad_idx those right of it (spec §6.2)."""
+    t = c.target
+    s, ic = aug.src, aug.src.c
+    ch = aug.kw * ic
+    jr = aug.sw * ic
+    cw = _ceil(ch, t.cp) * t.cp
+    for q in range(tile.nv):
+        y = tile.a + q
+        if not 0 <= y < s.h:
+            continue
+        slot, sub = divmod(q, buf.sh)
+        p, bank = divmod(slot, t.pp)
+        line0 = buf.base + p * buf.sh * buf.E + sub * buf.E
+        for x in range(tile.b, tile.b + tile.cv, MAX_ITEMS):
+            n = min(MAX_ITEMS, tile.b + tile.cv - x)
+            x_in = x * aug.sw - aug.pl                       # first input column of item 0
+            pad_start = max(0, -x_in) * ic
+            # right padding: items from i1 on overhang the image by r_i = r_i1 + sw*(i - i1) columns
+            over = [(x + i) * aug.sw - aug.pl + aug.kw - s.w for i in range(n)]
+            i1 = next((i for i, r in enumerate(over) if r > 0), n)
+            pad_idx, pad_end = (n - i1, cw - ch + over[i1] * ic) if i1 < n else (1, 0)
+            c.s.add("LOAD", bank_addr=line0 + (x - tile.b) * buf.cg, bank_id=buf.group + bank, jump_write=buf.cg,
+                    jump_read=jr, length=n, channel=ch, pad_idx=pad_idx, pad_start=pad_start, pad_end=pad_end,
+                    reg_id=s.reg, ddr_addr=s.at(y, 0) + x_in * ic)
+
+
+def _aug_job(job: "ConvJob") -> "ConvJob":
+    """The channel-augmented form of a conv job (weights w'[oc, ky, 0, kx*IC + ic] = w[oc, ky, kx, ic])."""
+    win, x = job.win, job.inp
+    oc, kh, kw, ic = job.w.shape
+    return replace(job, inp=FMap(x.reg, x.addr, x.h, win.wo, kw * ic, kw * ic, win.wo * kw * ic, x.fp),
+                   win=Window(kh, 1, win.sh, 1, win.pt, 0, win.ho, win.wo),
+                   w=np.ascontiguousarray(job.w.reshape(oc, kh, 1, kw * ic)),
+                   aug=Aug(x, kw, win.sw, win.pl))
+
+
 # ---- CONV layers -----------------------------------------------------------------------------------------------
 
 @dataclass
 class ConvJob:
     name: str
-    inp: FMap
+    inp: FMap              # the input image (with `aug`: the virtual H x W_out image of kw*IC-byte pixels)
     out: FMap
     win: Window
     w: np.ndarray          # [OC, kh, kw, IC] int8
@@ -430,9 +637,22 @@ class ConvJob:
     shift_cut: int
     shift_bias: int
     act: int
+    aug: Aug | None = None
 
 
-def _conv(c: _Ctx, job: ConvJob) -> None:
+@dataclass
+class _ConvSetup:
+    cg: int
+    ic: int
+    n_sl: int
+    lines_slice: int
+    per_group: int
+    b_base: int
+    vb_max: int
+
+
+def _conv_setup(c: _Ctx, job: ConvJob) -> _ConvSetup:
+    """Check the layer's limits and LOAD its bias (one LOAD of OC bytes; slice s at line base + s)."""
     t = c.target
     oc, kh, kw, ic = job.w.shape
     K = kh * kw
@@ -446,55 +666,76 @@ def _conv(c: _Ctx, job: ConvJob) -> None:
         raise CodegenError(f"layer {job.name!r}: the weights of one output channel need {lines_slice} CONVW lines "
                            f"(kernel {kw}x{kh} x {cg} channel groups), more than bank_depth {c.depth}")
     per_group = max(1, min(n_sl, c.depth // lines_slice, c.depth // 2))
-    # bias: one LOAD of all OC bytes (slice s at line base + s)
     b_off = c.const(job.b.astype(np.int8).tobytes())
-    b_base = c.bias.alloc(n_sl, f"layer {job.name!r} bias")
+    b_base = c.bias.alloc(n_sl, f"layer {job.name!r} bias", c.param_align)
     c.s.add("LOAD", bank_addr=b_base, bank_id=t.bias_bank, jump_write=1, jump_read=oc, length=1, channel=oc,
             pad_idx=1, reg_id=REG_CONST, ddr_addr=b_off)
+    return _ConvSetup(cg, ic, n_sl, lines_slice, per_group, b_base, _block_rows(t, job.win, t.pp))
+
+
+def _conv_weights(c: _Ctx, job: ConvJob, st: _ConvSetup, g0: int, nsg: int) -> int:
+    """LOAD the weights of slices g0..g0+nsg (CONVW bank o holds, per slice, K items of IC bytes, cg lines each);
+    their first CONVW line."""
+    t = c.target
+    oc, kh, kw, ic = job.w.shape
+    K, cg = kh * kw, st.cg
+    w_base = c.convw.alloc(nsg * st.lines_slice, f"layer {job.name!r} weights", c.param_align)
+    for o in range(t.cp):
+        chans = [s * t.cp + o for s in range(g0, g0 + nsg) if s * t.cp + o < oc]
+        if not chans:
+            continue
+        data = np.ascontiguousarray(job.w[chans].reshape(len(chans) * K, ic))
+        off = c.const(data.tobytes())
+        items = len(chans) * K
+        for i0 in range(0, items, MAX_ITEMS):
+            n = min(MAX_ITEMS, items - i0)
+            c.s.add("LOAD", bank_addr=w_base + i0 * cg, bank_id=t.convw_base + o, jump_write=cg, jump_read=ic,
+                    length=n, channel=ic, pad_idx=1, reg_id=REG_CONST, ddr_addr=off + i0 * ic)
+    return w_base
+
+
+def _conv_tile(c: _Ctx, job: ConvJob, st: _ConvSetup, tile: Tile, ib: InBuf, ob: OutBuf, w_base: int, g0: int,
+               nsg: int, vb: int, state: dict) -> None:
+    """The CONVs of one strip: blocks of <= vb output rows, all slices of the group per block (inner loop)."""
+    t = c.target
     win = job.win
-    vb_max = _block_rows(t, win, t.pp)
-    for g0 in range(0, n_sl, per_group):
-        nsg = min(per_group, n_sl - g0)
-        # weights of slices g0..g0+nsg: CONVW bank o holds, per slice, K items of IC bytes (cg lines each)
-        w_base = c.convw.alloc(nsg * lines_slice, f"layer {job.name!r} weights")
-        for o in range(t.cp):
-            chans = [s * t.cp + o for s in range(g0, g0 + nsg) if s * t.cp + o < oc]
-            if not chans:
-                continue
-            data = np.ascontiguousarray(job.w[chans].reshape(len(chans) * K, ic))
-            off = c.const(data.tobytes())
-            items = len(chans) * K
-            for i0 in range(0, items, MAX_ITEMS):
-                n = min(MAX_ITEMS, items - i0)
-                c.s.add("LOAD", bank_addr=w_base + i0 * cg, bank_id=t.convw_base + o, jump_write=cg, jump_read=ic,
-                        length=n, channel=ic, pad_idx=1, reg_id=REG_CONST, ddr_addr=off + i0 * ic)
+    oc, kh, kw, ic = job.w.shape
+    cg, E, Eo = st.cg, ib.E, ob.E
+    for j0, vpp, bank_out, addr_out in _blocks(t, ob, tile.rows, vb):
+        init = dict(jump_read=cg, shift_cut=job.shift_cut, act_type=job.act,
+                    jump_read_endl=E if E <= 1024 else 1, shift_bias=job.shift_bias, stride_out=ob.s,
+                    jump_write=nsg, stride_offset_in=0, valid_pixel_parallel=vpp, kernel_h=kh,
+                    stride_h=win.sh, jump_write_endl=Eo if Eo <= 1024 else 1, stride_offset_out=0,
+                    kernel_w=kw, stride_w=win.sw)
+        if init != state:
+            c.s.add("CONVINIT", **init)
+            state.clear()
+            state.update(init)
+        pads = _pads_of_block(win, job.inp.h, job.inp.w, tile, j0, vpp)
+        inf = _clip_addr(_in_fields(t, ib, j0), ADDR_FIELD_LINES)
+        for sl in range(nsg):
+            c.s.add("CONV", **inf, **pads, bank_addr_out=addr_out + sl, channel_group=cg,
+                    bank_addr_weights=w_base + sl * st.lines_slice, length=tile.cols,
+                    bank_addr_bias=st.b_base + g0 + sl, bank_id_out=bank_out, channel_offset=cg * t.cp - ic)
+
+
+def _conv(c: _Ctx, job: ConvJob) -> None:
+    t = c.target
+    st = _conv_setup(c, job)
+    oc = job.w.shape[0]
+    win = job.win
+    for g0 in range(0, st.n_sl, st.per_group):
+        nsg = min(st.per_group, st.n_sl - g0)
+        w_base = _conv_weights(c, job, st, g0, nsg)
         c0 = g0 * t.cp
         nch = min(oc, (g0 + nsg) * t.cp) - c0
-        rows, cols, vb = _plan_tiles(c, job.name, win, cg, 1, nsg, vb_max, 1024, 1024)
+        rows, cols, vb = _plan_tiles(c, job.name, win, st.cg, 1, nsg, st.vb_max, 1024, 1024)
         state: dict[str, int] = {}
-        for tile in _tiles(win, rows, cols):
-            ib, ob = _strip(c, job.name, job.inp, tile, win.sh, cg, nsg)
-            E, Eo = ib.E, ob.E
-            for j0 in range(0, tile.rows, vb):
-                vpp = min(vb, tile.rows - j0)
-                init = dict(jump_read=cg, shift_cut=job.shift_cut, act_type=job.act,
-                            jump_read_endl=E if E <= 1024 else 1, shift_bias=job.shift_bias, stride_out=1,
-                            jump_write=nsg, stride_offset_in=0, valid_pixel_parallel=vpp, kernel_h=kh,
-                            stride_h=win.sh, jump_write_endl=Eo if Eo <= 1024 else 1, stride_offset_out=0,
-                            kernel_w=kw, stride_w=win.sw)
-                if init != state:
-                    c.s.add("CONVINIT", **init)
-                    state = init
-                pads = _pads_of_block(win, job.inp.h, job.inp.w, tile, j0, vpp)
-                inf = _clip_addr(_in_fields(t, ib, j0), ADDR_FIELD_LINES)
-                p_out, b_out = divmod(j0, t.pp)
-                for sl in range(nsg):
-                    c.s.add("CONV", **inf, **pads, bank_addr_out=ob.base + p_out * Eo + sl, channel_group=cg,
-                            bank_addr_weights=w_base + sl * lines_slice, length=tile.cols,
-                            bank_addr_bias=b_base + g0 + sl, bank_id_out=ob.group + b_out,
-                            channel_offset=cg * t.cp - ic)
-            _save_rows(c, job.out, tile, ob, c0, nch)
-    c.workload += 2 * oc * ic * K * win.ho * win.wo
+        _strips(c, list(_tiles(win, rows, cols)),
+                lambda tile: _strip(c, job.name, job.inp, tile, win.sh, st.cg, nsg, job.aug),
+                lambda tile, ib, ob: _conv_tile(c, job, st, tile, ib, ob, w_base, g0, nsg, vb, state),
+                lambda tile, ob: _save_rows(c, job.out, tile, ob, c0, nch))
+    c.workload += 2 * oc * job.w.shape[1] * job.w.shape[2] * st.ic * win.ho * win.wo
 
 
 # ---- ALU layers (depthwise conv, pools, leaky / prelu, hard-sigmoid) -------------------------------------------
@@ -511,6 +752,10 @@ class AluJob:
     bias: np.ndarray | None = None        # [C] int8, into BIAS
 
 
+def _alu_kpos(job: AluJob) -> int:
+    return 0 if job.weights is None else job.weights.reshape(-1, job.inp.c).shape[0]
+
+
 def _alu(c: _Ctx, job: AluJob) -> None:
     """ALU layer; when a row of all channels does not fit (e.g. a global pool of 7x7x2048), the channels are
     processed in chunks of whole channel groups, each with its own weights and bias."""
@@ -519,8 +764,7 @@ def _alu(c: _Ctx, job: AluJob) -> None:
     cg_all = _ceil(ch, t.cp)
     win = job.win
     vb_max = _block_rows(t, win, t.alu_pp)
-    kpos = 0 if job.weights is None else job.weights.reshape(-1, ch).shape[0]
-    chunk = _channel_chunk(c, job.name, win, cg_all, 1, vb_max, kpos)
+    chunk = _channel_chunk(c, job.name, win, cg_all, 1, vb_max, _alu_kpos(job))
     for g0 in range(0, cg_all, chunk):
         c0, c1 = g0 * t.cp, min(ch, (g0 + chunk) * t.cp)
         sub = replace(job, inp=replace(job.inp, addr=job.inp.addr + c0, c=c1 - c0),
@@ -531,43 +775,337 @@ def _alu(c: _Ctx, job: AluJob) -> None:
     c.workload += 2 * ch * win.kh * win.kw * win.ho * win.wo
 
 
+def _alu_params(c: _Ctx, job: AluJob) -> tuple[int, int]:
+    """LOAD an ALU layer's weights (DWCONVW) and bias; their line addresses."""
+    t = c.target
+    ch = job.inp.c
+    cg = _ceil(ch, t.cp)
+    w_addr = b_addr = 0
+    if job.weights is not None:
+        wl = np.ascontiguousarray(job.weights.reshape(-1, ch))
+        off = c.const(wl.tobytes())
+        w_addr = c.dwconvw.alloc(wl.shape[0] * cg, f"layer {job.name!r} weights", c.param_align)
+        c.s.add("LOAD", bank_addr=w_addr, bank_id=t.dwconvw_bank, jump_write=cg, jump_read=ch, length=wl.shape[0],
+                channel=ch, pad_idx=1, reg_id=REG_CONST, ddr_addr=off)
+    if job.bias is not None:
+        off = c.const(np.ascontiguousarray(job.bias).astype(np.int8).tobytes())
+        b_addr = c.bias.alloc(cg, f"layer {job.name!r} bias", c.param_align)
+        c.s.add("LOAD", bank_addr=b_addr, bank_id=t.bias_bank, jump_write=1, jump_read=ch, length=1, channel=ch,
+                pad_idx=1, reg_id=REG_CONST, ddr_addr=off)
+    return w_addr, b_addr
+
+
+def _alu_tile(c: _Ctx, job: AluJob, tile: Tile, ib: InBuf, ob: OutBuf, w_addr: int, b_addr: int, vb: int,
+              state: dict, after: Callable[[int, int], None] | None = None) -> None:
+    """The ALUs of one strip (blocks of <= vb output rows); `after(j0, rows)` follows each block."""
+    t = c.target
+    ch = job.inp.c
+    cg = _ceil(ch, t.cp)
+    win = job.win
+    E, Eo = ib.E, ob.E
+    init = dict(kernel_w=win.kw, kernel_h=win.kh, exec_mode=job.mode, stride_offset_out=0, stride_offset_in=0,
+                stride_w=win.sw, stride_h=win.sh, length=tile.cols, channel_offset=cg * t.cp - ch,
+                channel_group=cg, stride_out=ob.s, jump_read_endl=E, jump_read=cg, jump_write_endl=Eo,
+                jump_write=cg, jump_read_weights=cg, **job.init)
+    for j0, vpp, bank_out, addr_out in _blocks(t, ob, tile.rows, vb):
+        if init != state:
+            c.s.add("ALUINIT", **init)
+            state.clear()
+            state.update(init)
+        pads = _pads_of_block(win, job.inp.h, job.inp.w, tile, j0, vpp)
+        c.s.add("ALU", **_clip_addr(_in_fields(t, ib, j0), 1 << 14), **pads, bank_addr_out=addr_out,
+                bank_id_out=bank_out, valid_pixel_parallel=vpp, bank_addr_weights=w_addr, kernel_d=1,
+                bank_addr_bias=b_addr)
+        if after is not None:
+            after(j0, vpp)
+
+
 def _alu_chunk(c: _Ctx, job: AluJob, vb_max: int) -> None:
     t = c.target
     ch = job.inp.c
     cg = _ceil(ch, t.cp)
     win = job.win
-    w_addr = b_addr = 0
-    if job.weights is not None:
-        wl = np.ascontiguousarray(job.weights.reshape(-1, ch))
-        off = c.const(wl.tobytes())
-        w_addr = c.dwconvw.alloc(wl.shape[0] * cg, f"layer {job.name!r} weights")
-        c.s.add("LOAD", bank_addr=w_addr, bank_id=t.dwconvw_bank, jump_write=cg, jump_read=ch, length=wl.shape[0],
-                channel=ch, pad_idx=1, reg_id=REG_CONST, ddr_addr=off)
-    if job.bias is not None:
-        off = c.const(np.ascontiguousarray(job.bias).astype(np.int8).tobytes())
-        b_addr = c.bias.alloc(cg, f"layer {job.name!r} bias")
-        c.s.add("LOAD", bank_addr=b_addr, bank_id=t.bias_bank, jump_write=1, jump_read=ch, length=1, channel=ch,
-                pad_idx=1, reg_id=REG_CONST, ddr_addr=off)
+    w_addr, b_addr = _alu_params(c, job)
     rows, cols, vb = _plan_tiles(c, job.name, win, cg, 1, cg, vb_max, 8192, 2048)
     state: dict[str, int] = {}
-    for tile in _tiles(win, rows, cols):
-        ib, ob = _strip(c, job.name, job.inp, tile, win.sh, cg, cg)
-        E, Eo = ib.E, ob.E
-        init = dict(kernel_w=win.kw, kernel_h=win.kh, exec_mode=job.mode, stride_offset_out=0, stride_offset_in=0,
-                    stride_w=win.sw, stride_h=win.sh, length=tile.cols, channel_offset=cg * t.cp - ch,
-                    channel_group=cg, stride_out=1, jump_read_endl=E, jump_read=cg, jump_write_endl=Eo,
-                    jump_write=cg, jump_read_weights=cg, **job.init)
-        for j0 in range(0, tile.rows, vb):
-            vpp = min(vb, tile.rows - j0)
-            if init != state:
-                c.s.add("ALUINIT", **init)
-                state = init
-            pads = _pads_of_block(win, job.inp.h, job.inp.w, tile, j0, vpp)
-            p_out, b_out = divmod(j0, t.pp)
-            c.s.add("ALU", **_clip_addr(_in_fields(t, ib, j0), 1 << 14), **pads, bank_addr_out=ob.base + p_out * Eo,
-                    bank_id_out=ob.group + b_out, valid_pixel_parallel=vpp, bank_addr_weights=w_addr, kernel_d=1,
-                    bank_addr_bias=b_addr)
-        _save_rows(c, job.out, tile, ob, 0, ch)
+    _strips(c, list(_tiles(win, rows, cols)),
+            lambda tile: _strip(c, job.name, job.inp, tile, win.sh, cg, cg),
+            lambda tile, ib, ob: _alu_tile(c, job, tile, ib, ob, w_addr, b_addr, vb, state),
+            lambda tile, ob: _save_rows(c, job.out, tile, ob, 0, ch))
+
+
+# ---- layer jobs, the cost estimate and the decisions built on it -----------------------------------------------
+
+def _run(c: _Ctx, job: "ConvJob | AluJob") -> None:
+    """Emit one CONV or ALU layer (channel-augmented when allowed and cheaper), or collect it (`c.capture`)."""
+    if c.capture is not None:
+        c.capture.append(job)
+    elif isinstance(job, ConvJob):
+        _conv(c, _choose_aug(c, job))
+    else:
+        _alu(c, job)
+
+
+def _estimate(t: Target, ins: list[Instruction], layer_of: list[int]) -> int:
+    """Cycles of a stream by the cycle model's per-instruction costs (docs/microarchitecture.md §3, the target's
+    Timing): per layer the busiest engine (engines overlap inside a layer; SAVEs are spread over the AXI ports),
+    summed over the layers (a layer's consumer waits for its rows). The compiler may not import the cycle model
+    (sim) itself; tests/test_codegen_quality.py checks the decisions against it."""
+    tm = t.timing
+    W, L, B, ports = t.cp, tm.ddr_latency, tm.ddr_bytes_per_cycle, tm.ddr_ports
+    busy: dict[tuple[int, str], float] = {}
+    conv_k = alu_k = 0
+    for x, layer in zip(ins, layer_of):
+        f = x.fields
+        op = x.op
+        if op == "LOAD":
+            lines = _ceil(f["channel"], W)
+            cost = tm.load_setup + L + f["length"] * max(_ceil(f["channel"], B * ports), lines)
+        elif op == "SAVE":
+            lines = _ceil(f["channel"], W)
+            cost = (tm.save_setup + f["length"] * max(_ceil(f["channel"], B), lines) + L) / ports
+        elif op == "CONVINIT":
+            conv_k, cost = f["kernel_h"] * f["kernel_w"], tm.init_cycles
+        elif op == "CONV":
+            cost = tm.conv_latency + f["length"] * conv_k * f["channel_group"]
+        elif op == "ALUINIT":
+            alu_k, cost = f["kernel_h"] * f["kernel_w"] * f["channel_group"] * f["length"], tm.init_cycles
+        elif op == "ALU":
+            cost = tm.alu_latency + alu_k * f["kernel_d"]
+        elif op == "ELEW":
+            cost = tm.elew_latency + f["length"] * f["channel_group"] * f["num"]
+        else:
+            cost = tm.init_cycles
+        key = (layer, op if op in ("LOAD", "SAVE") else ("CONV" if op.startswith("CONV") else "MISC"))
+        busy[key] = busy.get(key, 0) + cost
+    per_layer: dict[int, float] = {}
+    for (layer, _), v in busy.items():
+        per_layer[layer] = max(per_layer.get(layer, 0), v)
+    return int(sum(per_layer.values()))
+
+
+def _cost(t: Target, *steps: Callable[["_Ctx"], None]) -> int:
+    """Estimated cycles of emitting `steps` (one layer each) into a scratch context; CodegenError propagates."""
+    c = _new_ctx(t)
+    c.ws_alloc = lambda n: 0
+    for k, step in enumerate(steps):
+        c.s.layer = k
+        step(c)
+    return _estimate(t, c.s.ins, c.s.layer_of)
+
+
+def _choose_aug(c: _Ctx, job: "ConvJob") -> "ConvJob":
+    """The channel-augmented form of a conv when augmentation is allowed, can express it and the estimate says
+    it is faster (docs/compiler.md); else the job itself."""
+    if not c.aug or job.aug is not None or job.win.kw < 2:
+        return job
+    if not _aug_ok(c.target, job.inp, job.win.kw, job.win.sw, job.win.pl):
+        return job
+    a = _aug_job(job)
+    try:
+        faster = _cost(c.target, lambda k: _conv(k, a)) < _cost(c.target, lambda k: _conv(k, job))
+    except CodegenError:
+        return job
+    return a if faster else job
+
+
+# ---- a producer and its only consumer in one superlayer (on-chip intermediate) ---------------------------------
+
+ALU_KINDS = ("dwconv", "pool", "leaky", "hsigmoid", "relu6", "prelu")
+
+
+def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: AluJob) -> None:
+    """Producer P (CONV or ALU) and its only consumer Q (ALU) strip by strip: for each strip of Q's output, P
+    computes the rows and columns Q's windows read (recomputing overlapping halo rows, if any) straight into Q's
+    input buffer in VB1 (stride_out = Q's stride_h, spec §2.4), Q reads them there and writes VB0, and only Q's
+    rows are SAVEd. CodegenError when the pair does not fit this scheme."""
+    t = c.target
+    winQ = qjob.win
+    ch = qjob.inp.c
+    cg = _ceil(ch, t.cp)
+    s = winQ.sh
+    H, W = qjob.inp.h, qjob.inp.w
+    is_conv = isinstance(pjob, ConvJob)
+    if s > 2:
+        raise CodegenError(f"fusion into {qjob.name!r}: stride_out {s} (> 2 is unproven, spec §2.4)")
+    if cg > 256 or _alu_kpos(qjob) * cg > c.depth:
+        raise CodegenError(f"fusion into {qjob.name!r}: channels do not fit one ALU pass")
+    pwin = pjob.win
+    if is_conv:
+        st = _conv_setup(c, pjob)
+        if st.per_group < st.n_sl or st.n_sl != cg:
+            raise CodegenError(f"fusion of {pjob.name!r}: its weights do not fit one CONVW group")
+        cg_p, vbP, e_max, len_max = st.cg, st.vb_max, 1024, 1024
+        w_base = _conv_weights(c, pjob, st, 0, st.n_sl)
+    else:
+        cg_p, e_max, len_max = cg, 8192, 2048
+        if _alu_kpos(pjob) * cg > c.depth:
+            raise CodegenError(f"fusion of {pjob.name!r}: weights do not fit the DWCONVW bank")
+        vbP = _block_rows(t, pwin, t.alu_pp)
+        pw, pb = _alu_params(c, pjob)
+    if vbP < s:
+        raise CodegenError(f"fusion of {pjob.name!r}: {vbP} rows per instruction < stride_out {s}")
+    qw, qb = _alu_params(c, qjob)
+    vbQ_max = _block_rows(t, winQ, t.alu_pp)
+
+    def lines(rows: int, cols: int) -> tuple[int, int] | None:
+        """(VB0 lines: P's input + Q's output, VB1 lines: the intermediate) of a strip, None if a field overflows."""
+        qt = _tile(winQ, 0, rows, 0, cols)
+        Eq, q_lines = _in_lines(t, qt, s, cg)
+        pt = _tile(pwin, 0, min(qt.nv, H), 0, min(qt.cv, W))
+        Ep, p_lines = _in_lines(t, pt, pwin.sh, cg_p)
+        if (pwin.sh > 1 and Ep > e_max) or (s > 1 and Eq > (1024 if is_conv else 8192)) or Eq > 8192 \
+                or pt.cols > len_max:
+            return None
+        return p_lines + _ceil(rows, t.pp) * cols * cg, q_lines
+
+    plan = None
+    for share in (2, 1):
+        budget = c.depth // share
+        for vb in range(vbQ_max, 0, -1):
+            if t.pp % vb or plan:
+                continue
+            def fits(rows: int, cols: int) -> bool:
+                ln = lines(rows, cols)
+                return ln is not None and ln[0] <= budget and ln[1] <= budget
+            cols = min(winQ.wo, 2048)
+            while cols > 1 and not fits(vb, cols):
+                cols = max(1, min(cols - 1, cols * 3 // 4))
+            if fits(vb, cols):
+                rows = vb
+                while rows + vb <= _ceil(winQ.ho, vb) * vb and fits(rows + vb, cols):
+                    rows += vb
+                plan = (rows, cols, vb)
+        if plan:
+            break
+    if plan is None:
+        raise CodegenError(f"fusion of {pjob.name!r} and {qjob.name!r}: one strip does not fit the image banks")
+    rows, cols, vbQ = plan
+    state_p: dict[str, int] = {}
+    state_q = state_p if not is_conv else {}          # two ALU layers share the ALUINIT state
+
+    def prepare(qt: Tile):
+        """Strip buffers: Q's input (VB1, written by P) and P's input (VB0, LOADed now)."""
+        ya, yb = max(0, qt.a), min(H, qt.a + qt.nv)
+        xa, xb = max(0, qt.b), min(W, qt.b + qt.cv)
+        if yb <= ya or xb <= xa:
+            raise CodegenError(f"fusion into {qjob.name!r}: a strip's windows lie in the padding")
+        pt = _tile(pwin, ya, yb - ya, xa, xb - xa)
+        Eq, q_lines = _in_lines(t, qt, s, cg)
+        ibq = InBuf(t.img_base(1), c.img[1].alloc(q_lines, f"layer {qjob.name!r} input", TOKEN_LINES), Eq, cg, s,
+                    q_lines)
+        obp = OutBuf(ibq.group, ibq.base, Eq, cg, s, ya - qt.a, (xa - qt.b) * cg)
+        ibp = _in_buf(c, pjob.name, pt, pwin.sh, cg_p, pjob.inp, pjob.aug if is_conv else None, 0, TOKEN_LINES)
+        return pt, ibp, obp, ibq
+
+    # software pipeline in program order: P computes strip k, the LOADs of strip k+1 follow, then Q's blocks of
+    # strip k, each followed by the SAVEs of its rows (so no engine queue waits behind a strip's whole tail)
+    tiles = list(_tiles(winQ, rows, cols))
+    nxt = prepare(tiles[0])
+    deferred: list = [[], None]                           # Q's SAVEs not emitted yet, and the lines they read
+    for k, qt in enumerate(tiles):
+        pt, ibp, obp, ibq = nxt
+        if is_conv:
+            _, pseg = _cut(c, lambda: _conv_tile(c, pjob, st, pt, ibp, obp, w_base, 0, st.n_sl, vbP, state_p))
+        else:
+            _, pseg = _cut(c, lambda: _alu_tile(c, pjob, pt, ibp, obp, pw, pb, vbP, state_p))
+        moved: list[tuple[Instruction, int]] = []
+        if k + 1 < len(tiles):
+            nxt, moved = _cut(c, lambda: prepare(tiles[k + 1]))
+        n_q = _ceil(qt.rows, vbQ)
+        if c.pipeline and moved:
+            # a share of the next strip's LOADs among P's instructions too (P's strip waits for its own LOADs; a
+            # run of P instructions behind a full queue would hold those LOADs back), when their lines are free
+            n_p = sum(1 for x, _ in pseg if x.op in _COMPUTE_OPS)
+            k_p = len(moved) * n_p // (n_p + n_q)
+            nsp = _buf_span(t, nxt[1])
+            if not (_disjoint(nsp, _buf_span(t, ibp)) and _disjoint(nsp, _buf_span(t, ibq))):
+                k_p = 0
+            if k_p and deferred[0] and not _disjoint(nsp, deferred[1]):
+                _put(c, deferred[0])
+                deferred[0] = []
+            _interleave(c, pseg, moved[:k_p])
+            del moved[:k_p]
+        else:
+            _put(c, pseg)
+        Eo = qt.cols * cg
+        obq = OutBuf(t.img_base(0), c.img[0].alloc(_ceil(qt.rows, t.pp) * Eo, f"layer {qjob.name!r} output",
+                                                    TOKEN_LINES), Eo, cg)
+        per = _ceil(len(moved), n_q) if moved else 0
+        ob_span = _buf_span(t, obq, qt.rows)
+        nxt_span = _buf_span(t, nxt[1]) if k + 1 < len(tiles) else None
+        if deferred[0] and not _disjoint(ob_span, deferred[1]):
+            _put(c, deferred[0])                          # Q's blocks overwrite the deferred rows: SAVE them first
+            deferred[0] = []
+
+        def after(j0: int, n: int, qt: Tile = qt, obq: OutBuf = obq, ob_span=ob_span, nxt_span=nxt_span) -> None:
+            """After Q's block: a share of the next strip's LOADs (they touch other lines and bytes, so moving them
+            past Q's block keeps the program's meaning) and the SAVEs of Q's rows. With `c.pipeline` the SAVEs are
+            those of the previous block (this block's wait for its ALU, and a full SAVE queue would stop the
+            dispatcher before the LOADs behind it), unless the LOADs overwrite their lines."""
+            _, sv = _cut(c, lambda: _save_rows(c, qjob.out, qt, obq, 0, ch, range(j0, j0 + n)))
+            if not c.pipeline:
+                _put(c, sv)
+                _put(c, moved[:per])
+            else:
+                if deferred[0] and moved[:per] and not _disjoint(nxt_span, deferred[1]):
+                    _put(c, deferred[0])
+                    deferred[0] = []
+                _put(c, moved[:per])
+                _put(c, deferred[0])
+                deferred[0], deferred[1] = sv, ob_span
+            del moved[:per]
+
+        _alu_tile(c, qjob, qt, ibq, obq, qw, qb, vbQ, state_q, after=after)
+        if moved and deferred[0] and not _disjoint(nxt_span, deferred[1]):
+            _put(c, deferred[0])
+            deferred[0] = []
+        _put(c, moved)
+    _put(c, deferred[0])
+    kp = pjob.w.shape[1] * pjob.w.shape[2] * pjob.w.shape[3] if is_conv else pwin.kh * pwin.kw
+    c.workload += 2 * ch * kp * pwin.ho * pwin.wo + 2 * ch * winQ.kh * winQ.kw * winQ.ho * winQ.wo
+
+
+def _fuse_jobs(c: _Ctx, graph: Graph, p: Op, q: Op, kinds: dict[str, str], fm: dict[str, FMap],
+               out: FMap) -> tuple | None:
+    """(P's job, Q's job) of a producer / consumer pair, P's conv in its chosen (augmented or not) form; None if
+    either is not a single CONV / ALU layer."""
+    p_out = _dense(REG_WORKSPACE, 0, _t(p).shape, _fp(p))       # where the unfused P would store its output
+    jobs = []
+    for op, o, env in ((p, p_out, fm), (q, out, {**fm, p.name: p_out})):
+        c.capture = []
+        try:
+            _lower(c, graph, op, kinds[op.name], env, o)
+            got = c.capture
+        finally:
+            c.capture = None
+        if len(got) != 1:
+            return None
+        jobs.append(got[0])
+    pj, qj = jobs
+    if not isinstance(qj, AluJob):
+        return None
+    if isinstance(pj, ConvJob):
+        pj = _choose_aug(c, pj)
+    return pj, qj
+
+
+def _try_fuse(c: _Ctx, pj: "ConvJob | AluJob", qj: AluJob) -> bool:
+    """Emit P and Q fused when that fits and the estimate says it is faster than P then Q through DDR."""
+    t = c.target
+    p_alone = (lambda k: _conv(k, pj)) if isinstance(pj, ConvJob) else (lambda k: _alu(k, pj))
+    try:
+        fused = _cost(t, lambda k: _fused(k, pj, qj))
+    except CodegenError:
+        return False
+    try:
+        split = _cost(t, p_alone, lambda k: _alu(k, qj))
+    except CodegenError:
+        split = None
+    if split is not None and fused >= split:
+        return False
+    _fused(c, pj, qj)
+    return True
 
 
 # ---- ELEW layers (eltwise add / mul, rescaled copies) ----------------------------------------------------------
@@ -853,8 +1391,13 @@ class _Plan:
 
 
 def generate(graph: Graph, op_names: list[str], target: Target, name: str = "subgraph",
-             log: Callable[[str], None] | None = None) -> DpuProgram:
-    """Compile the ops `op_names` of `graph` (one DPU subgraph) for `target` (module docstring)."""
+             log: Callable[[str], None] | None = None, channel_augmentation: bool = True,
+             fuse: bool = True, exact_tokens: bool = True, pipeline: bool = True,
+             prefetch_layers: bool = True) -> DpuProgram:
+    """Compile the ops `op_names` of `graph` (one DPU subgraph) for `target` (module docstring).
+    `channel_augmentation` lets convs with few input channels fold kw into the LOAD items, `fuse` lets a
+    producer and its only (ALU) consumer share one superlayer with the intermediate on chip; each is taken per
+    layer when the cost estimate says it is faster (docs/compiler.md)."""
     t = target
     ops = set(op_names)
     order = [n for n in graph.toposort() if n in ops]
@@ -872,13 +1415,29 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
 
     c = _new_ctx(t)
     c.graph = graph
+    c.aug = channel_augmentation
+    c.pipeline = pipeline
+    c.param_align = TOKEN_LINES if prefetch_layers else 1   # one layer's parameters share no key with the next's
     fm: dict[str, FMap] = {}
     dense = _dense
+    # images read by a conv that may be channel-augmented with left padding get DDR_ALIGN bytes of slack before
+    # them: the first LOAD item of a row starts pl*IC bytes before the row (masked, never read; spec §6.2)
+    slack: set[str] = set()
+    if channel_augmentation:
+        for n in compute:
+            op = graph.ops[n]
+            if kinds[n] == "conv" and _data_inputs(op):
+                x = _data_inputs(op)[0]
+                kw_, _ = _pairs(op, "kernel", [1, 1])
+                sw_, _ = _pairs(op, "stride", [1, 1])
+                pl_ = _pads(op)[0]
+                if pl_ > 0 and 2 <= kw_ and sw_ <= kw_ and kw_ * hwc(_t(graph.ops[x]).shape)[2] <= 64:
+                    slack.add(x)
 
     sizes = {REG_IN: 0, REG_OUT: 0, REG_WORKSPACE: 0}
 
-    def alloc(reg: int, nbytes: int) -> int:
-        a = _ceil(sizes[reg], DDR_ALIGN) * DDR_ALIGN
+    def alloc(reg: int, nbytes: int, pre: int = 0) -> int:
+        a = _ceil(sizes[reg], DDR_ALIGN) * DDR_ALIGN + pre
         sizes[reg] = a + nbytes
         return a
 
@@ -886,7 +1445,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
     for i in inputs:
         o = graph.ops[i]
         dims = tuple(int(v) for v in _t(o).shape)
-        fm[i] = dense(REG_IN, alloc(REG_IN, math.prod(dims)), dims, _fp(o))
+        fm[i] = dense(REG_IN, alloc(REG_IN, math.prod(dims), DDR_ALIGN if i in slack else 0), dims, _fp(o))
     out_set = set(outputs)
     # aliases (reshape) share their input's image when the input is dense and not an interface tensor
     alias_of: dict[str, str] = {}
@@ -924,7 +1483,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
             f = _member_view(place(cat), _concat_axis(graph.ops[cat]), c0, dims, _fp(o))
         else:
             reg = REG_OUT if n in out_set else REG_WORKSPACE
-            f = dense(reg, alloc(reg, math.prod(dims)), dims, _fp(o))
+            f = dense(reg, alloc(reg, math.prod(dims), DDR_ALIGN if n in slack else 0), dims, _fp(o))
         fm[n] = f
         return f
 
@@ -939,12 +1498,29 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
         f = place(n)
         fm[a_src] = dense(f.reg, f.addr, _t(graph.ops[a_src]).shape, _fp(graph.ops[a_src]))
     layers: list[Layer] = []
+    done: set[str] = set()              # consumers already emitted with their producer
     for n in compute:
+        if n in done:
+            continue
         op = graph.ops[n]
         k = kinds[n]
         c.s.layer = len(layers)
         first = len(c.s.ins)
         lops = [n] + [i for i in op.input_ops() if i in ops and graph.ops[i].type in SKIP_TYPES]
+        cons = graph.consumers(n)
+        if (fuse and k in ("conv",) + ALU_KINDS and n not in out_set and n not in fm and len(cons) == 1
+                and cons[0] in ops and kinds[cons[0]] in ALU_KINDS
+                and [i for i in _data_inputs(graph.ops[cons[0]]) if graph.ops[i].type not in SKIP_TYPES] == [n]):
+            q = graph.ops[cons[0]]
+            qout = place(q.name)
+            jobs = _fuse_jobs(c, graph, op, q, kinds, fm, qout)
+            if jobs is not None and _try_fuse(c, *jobs):
+                qops = [q.name] + [i for i in q.input_ops() if i in ops and graph.ops[i].type in SKIP_TYPES]
+                layers.append(Layer(n, lops + qops, first, len(c.s.ins) - first))
+                done.add(q.name)
+                if qout.reg == REG_WORKSPACE and q.name not in member_of:
+                    internal.append(_image(q.name, qout, _t(q).shape))
+                continue
         view_only = False
         if k == "view":         # a window of its input's image; copied only where a dense image is needed
             v = _slice_view(graph, op, fm[_data_inputs(op)[0]])
@@ -973,7 +1549,18 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
     c.s.add("END")
     c.s.layer_of[-1] = len(layers) - 1
     layers[-1].count += 1
-    instrs = _tokens(t, c.s.ins, {REG_CONST: max(1, len(c.blob)), **{r: max(1, v) for r, v in sizes.items()}})
+    keys = _footprint_keys(t, c.s.ins, {REG_CONST: max(1, len(c.blob)), **{r: max(1, v) for r, v in sizes.items()}})
+    if prefetch_layers:
+        order = _prefetch_layers(c.s.ins, c.s.layer_of, keys)
+        c.s.ins = [c.s.ins[k] for k in order]
+        c.s.layer_of = [c.s.layer_of[k] for k in order]
+        keys = [keys[k] for k in order]
+        span: dict[int, list[int]] = {}
+        for k, li in enumerate(c.s.layer_of):
+            span.setdefault(li, [k, k])[1] = k
+        for li, (a, b) in span.items():                  # a layer's hull (its opening LOADs moved up)
+            layers[li].first, layers[li].count = a, b - a + 1
+    instrs = _tokens(t, c.s.ins, exact_tokens, keys)
     regs = [Register(REG_CONST, CONST, max(1, len(c.blob)), bytes(c.blob))]
     if sizes[REG_WORKSPACE]:
         regs.append(Register(REG_WORKSPACE, WORKSPACE, sizes[REG_WORKSPACE]))
@@ -1037,7 +1624,7 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
         x = ins[0]
         if kind == "conv":
             win = Window(kh_, kw_, sh, sw, pt, pl, out.h, out.w)
-            _conv(c, ConvJob(op.name, x, out, win, w, b, sc, sb or 0, act))
+            _run(c, ConvJob(op.name, x, out, win, w, b, sc, sb or 0, act))
             return
         # transposed: stride^2 phases, each a stride-1 conv with the sub-kernel on the original input
         P_h, P_w = kh_ - 1 - pt, kw_ - 1 - pl
@@ -1073,7 +1660,7 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
         bias = _int8(bop).reshape(-1) if bop is not None else None
         mode = 0 if bias is not None else 6
         win = Window(kh_, kw_, sh, sw, pt, pl, out.h, out.w)
-        _alu(c, AluJob(op.name, ins[0], out, win, mode,
+        _run(c, AluJob(op.name, ins[0], out, win, mode,
                        dict(shift_cut=sc, shift_bias=sb or 0, act_type=act, multi_factor=0, shift_prelu_p=0,
                             shift_prelu_n=0), w, bias))
         return
@@ -1097,7 +1684,7 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
         except FixPointError as e:
             raise CodegenError(f"op {op.name!r}: {e}") from None
         mode = init.pop("mode")
-        _alu(c, AluJob(op.name, x, out, win, mode,
+        _run(c, AluJob(op.name, x, out, win, mode,
                        dict(init, shift_bias=0, act_type=0, shift_prelu_p=0, shift_prelu_n=0)))
         return
     if kind == "leaky":
@@ -1105,14 +1692,14 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
         m, s = slope_encoding(Fraction(int(op.get("prelu_in")), 1 << int(op.get("prelu_shift"))))
         sp, sn = prelu_shift_codes(s, x.fp, fp_out)
         win = Window(1, 1, 1, 1, 0, 0, out.h, out.w)
-        _alu(c, AluJob(op.name, x, out, win, 4, dict(shift_cut=0, shift_bias=0, act_type=0, multi_factor=m & 0xFF,
+        _run(c, AluJob(op.name, x, out, win, 4, dict(shift_cut=0, shift_bias=0, act_type=0, multi_factor=m & 0xFF,
                                                      shift_prelu_p=sp, shift_prelu_n=sn)))
         return
     if kind == "hsigmoid":
         x = ins[0]
         hin, shs = hsigmoid_fields(x.fp, fp_out)
         win = Window(1, 1, 1, 1, 0, 0, out.h, out.w)
-        _alu(c, AluJob(op.name, x, out, win, 7, dict(shift_cut=shs, shift_bias=hin, act_type=0, multi_factor=0,
+        _run(c, AluJob(op.name, x, out, win, 7, dict(shift_cut=shs, shift_bias=hin, act_type=0, multi_factor=0,
                                                      shift_prelu_p=0, shift_prelu_n=0)))
         return
     if kind == "elew":
@@ -1156,7 +1743,7 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
         # ALU dwconv 1x1 with weight 1 (fix point 0) and ReLU6: y = round(relu6(x * 2^(fp_out - fp_in)))
         sc = x.fp - fp_out
         win = Window(1, 1, 1, 1, 0, 0, out.h, out.w)
-        _alu(c, AluJob(op.name, x, out, win, 6, dict(shift_cut=sc, shift_bias=0, act_type=4 if fp_out <= 4 else 1,
+        _run(c, AluJob(op.name, x, out, win, 6, dict(shift_cut=sc, shift_bias=0, act_type=4 if fp_out <= 4 else 1,
                                                      multi_factor=0, shift_prelu_p=0, shift_prelu_n=0),
                        np.ones((1, 1, x.c), np.int8), None))
         return
@@ -1168,7 +1755,7 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
         shift = int(op.get("prelu_shift", _fp(aop)))
         sp, sn = prelu_shift_codes(shift, x.fp, fp_out)
         win = Window(1, 1, 1, 1, 0, 0, out.h, out.w)
-        _alu(c, AluJob(op.name, x, out, win, 1, dict(shift_cut=0, shift_bias=0, act_type=0, multi_factor=0,
+        _run(c, AluJob(op.name, x, out, win, 1, dict(shift_cut=0, shift_bias=0, act_type=0, multi_factor=0,
                                                      shift_prelu_p=sp, shift_prelu_n=sn), alpha.reshape(1, x.c)))
         return
     raise CodegenError(f"op {op.name!r}: no lowering for kind {kind}")
@@ -1189,12 +1776,90 @@ def _pairable(a: Instruction, b: Instruction) -> bool:
     return ra != rb or a1 <= b0 or b1 <= a0
 
 
-def _tokens(t: Target, ins: list[Instruction], reg_sizes: dict[int, int]) -> list[Instruction]:
-    """Place dpdon/dpdby from the footprints (isa.deps.TokenPlanner); the last SAVE waits for all work. Adjacent
-    SAVEs of different banks go out as pairs (hp_id 0 waits for both, hp_id 1 signals for both), except the last
-    SAVE, which must carry the final waits itself."""
-    planner = TokenPlanner(t, line_chunk=8, ddr_chunk=64)
+_INIT_OPS = ("CONVINIT", "ALUINIT", "ELEWINIT")
+PREFETCH_PER_SLOT = 3        # prefetched LOADs after one compute instruction: fewer than the 4-deep LOAD queue
+
+
+def _footprint_keys(t: Target, ins: list[Instruction], reg_sizes: dict[int, int]) -> list[tuple[set, set]]:
+    """(read keys, write keys) of every instruction in the token planner's key space (8-line / 64-byte chunks)."""
+    space = KeySpace(t, line_chunk=TOKEN_LINES, ddr_chunk=64)
     state = InitState()
+    keys = []
+    for x in ins:
+        if x.op == "END":
+            keys.append((set(), set()))
+            continue
+        keys.append(space.footprint_keys(footprint_of(x.op, x.fields, state, t, reg_sizes)))
+        state.update(x.op, x.fields)
+    return keys
+
+
+def _prefetch_layers(ins: list[Instruction], layer_of: list[int], keys: list[tuple[set, set]]) -> list[int]:
+    """Cross-layer prefetch (vai-c-program-patterns §7 item 4): the LOADs that open a layer (bias, weights, its
+    first strip's rows: the LOADs before its first other non-INIT instruction) move up into the previous layer's
+    tail, the instructions after the LOAD engine's last earlier LOAD, spread after its CONV / ALU / ELEW
+    instructions (so the dispatcher is not held behind a full LOAD queue) and never above an instruction they
+    conflict with (a SAVE of the rows they read, a reader of the lines they overwrite: keys at the planner's
+    granularity), in their own order. Only LOADs move, and LOAD footprints do not depend on INIT state, so every
+    instruction's meaning is unchanged. Returns the new order (indices into `ins`)."""
+    out: list[int] = []
+    last_load = -1                                       # position in `out` of the latest LOAD
+    n = len(ins)
+    i = 0
+    while i < n:
+        j = i
+        while j < n and layer_of[j] == layer_of[i]:
+            j += 1
+        head: list[int] = []
+        k = i
+        while k < j and (ins[k].op == "LOAD" or ins[k].op in _INIT_OPS):
+            if ins[k].op == "LOAD":
+                head.append(k)
+            k += 1
+        r0 = last_load + 1
+        if head and i > 0 and r0 < len(out):
+            moved = set(head)
+            region = out[r0:]
+            comp = [p for p, x in enumerate(region) if ins[x].op in _COMPUTE_OPS]
+            slots: dict[int, list[int]] = {}             # region position before which LOADs go (len: the end)
+            floor = 0
+            for m, h in enumerate(head):
+                rh, wh = keys[h]
+                e = floor
+                for p in range(len(region) - 1, floor - 1, -1):
+                    rx, wx = keys[region[p]]
+                    if (wh and (not wh.isdisjoint(rx) or not wh.isdisjoint(wx))) or (rh and not rh.isdisjoint(wx)):
+                        e = p + 1
+                        break
+                want = comp[m * len(comp) // len(head)] + 1 if comp else len(region)
+                pos = max(e, want)
+                while pos < len(region) and (ins[region[pos - 1]].op not in _COMPUTE_OPS
+                                             or len(slots.get(pos, ())) >= PREFETCH_PER_SLOT):
+                    pos += 1                             # right after a compute instruction (or at the end)
+                floor = pos
+                slots.setdefault(pos, []).append(h)
+            merged: list[int] = []
+            for p in range(len(region) + 1):
+                merged.extend(slots.get(p, ()))
+                if p < len(region):
+                    merged.append(region[p])
+            out[r0:] = merged
+            out.extend(x for x in range(i, j) if x not in moved)
+        else:
+            out.extend(range(i, j))
+        for q in range(len(out) - 1, last_load, -1):
+            if ins[out[q]].op == "LOAD":
+                last_load = q
+                break
+        i = j
+    return out
+
+
+def _tokens(t: Target, ins: list[Instruction], exact: bool, keys: list[tuple[set, set]]) -> list[Instruction]:
+    """Place dpdon/dpdby from the footprint keys (isa.deps.TokenPlanner / ExactTokenPlanner); the last SAVE waits
+    for all work. Adjacent SAVEs of different banks go out as pairs (hp_id 0 waits for both, hp_id 1 signals for
+    both), except the last SAVE, which must carry the final waits itself."""
+    planner = (ExactTokenPlanner if exact else TokenPlanner)(t, line_chunk=TOKEN_LINES, ddr_chunk=64)
     last_save = max(i for i, x in enumerate(ins) if x.op == "SAVE")
     out = list(ins)
     i = 0
@@ -1204,19 +1869,16 @@ def _tokens(t: Target, ins: list[Instruction], reg_sizes: dict[int, int]) -> lis
             planner.add("END", wait=False)
             i += 1
             continue
-        fp = footprint_of(x.op, x.fields, state, t, reg_sizes)
-        state.update(x.op, x.fields)
         if i + 1 < last_save and _pairable(x, ins[i + 1]):
             y = ins[i + 1]
-            fp2 = footprint_of(y.op, y.fields, state, t, reg_sizes)
-            (r1, w1), (r2, w2) = planner.keys(fp), planner.keys(fp2)
+            (r1, w1), (r2, w2) = keys[i], keys[i + 1]
             planner.add("SAVE", keys=(r1 | r2, w1 | w2), pair=0)
             planner.add("SAVE", keys=(r2, w2), pair=1)
             out[i] = replace(x, fields=dict(x.fields, hp_id=0))
             out[i + 1] = replace(y, fields=dict(y.fields, hp_id=1))
             i += 2
             continue
-        planner.add(x.op, fp)
+        planner.add(x.op, keys=keys[i])
         if i == last_save:
             planner.order_after_all(i)
         i += 1

@@ -14,8 +14,13 @@ instruction selection, banks, tokens, weight packing) run inside the `codegen` p
 Options are vai_c_xir's `--options` keys (UG1414 Table 31): `input_shape` ("1,224,224,3", inputs separated by
 ";"; must equal the graph's static input shapes, since opendpu does not re-infer shapes), `output_ops` ("op0,op1":
 the graph outputs; everything that does not feed them is dropped), `prefetch` and `hd_opt` (accepted and
-recorded; they change no instruction), `plugins` (refused: compiler plugins are C++ libraries). Any other key is
-an error that names it and the known ones.
+recorded; they change no instruction), `plugins` (refused: compiler plugins are C++ libraries). Four opendpu keys
+switch code-generation optimisations off (all default true; docs/compiler.md): `channel_augmentation` (fold kw into
+the LOAD items of convs with few input channels), `fuse` (a producer and its only ALU consumer in one
+superlayer, the intermediate kept on chip), `exact_tokens` (a waiter waits on the instruction it conflicts with,
+not on the producer engine's latest one) and `pipeline` (software-pipelined strip order: the next strip's LOADs
+and the previous strip's SAVEs interleaved with the current strip's compute). Any other key is an error that names
+it and the known ones.
 """
 from __future__ import annotations
 
@@ -37,7 +42,8 @@ class CompileError(OpenDpuError, ValueError):
     """Bad compile input (options, graph, names); the message names the offending thing."""
 
 
-KNOWN_OPTIONS = ("input_shape", "output_ops", "prefetch", "hd_opt", "plugins")
+KNOWN_OPTIONS = ("input_shape", "output_ops", "prefetch", "hd_opt", "plugins", "channel_augmentation", "fuse",
+                 "exact_tokens", "pipeline", "prefetch_layers")
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -100,7 +106,8 @@ def check_options(options: dict) -> dict:
             out[k] = _shape_list(v)
         elif k == "output_ops":
             out[k] = _op_list(v)
-        elif k in ("prefetch", "hd_opt"):
+        elif k in ("prefetch", "hd_opt", "channel_augmentation", "fuse", "exact_tokens", "pipeline",
+                   "prefetch_layers"):
             out[k] = _bool_option(k, v)
         elif k == "plugins":
             if v not in ("", None, []):
@@ -338,7 +345,12 @@ def p_codegen(ctx: CompileContext) -> CompileContext:
     assert ctx.graph is not None and ctx.partition is not None
     ctx.programs = {}
     for s in ctx.partition.dpu_subgraphs:
-        ctx.programs[s.name] = generate(ctx.graph, s.ops, ctx.target, s.name, log=ctx.say)
+        ctx.programs[s.name] = generate(ctx.graph, s.ops, ctx.target, s.name, log=ctx.say,
+                                        channel_augmentation=ctx.options.get("channel_augmentation", True),
+                                        fuse=ctx.options.get("fuse", True),
+                                        exact_tokens=ctx.options.get("exact_tokens", True),
+                                        pipeline=ctx.options.get("pipeline", True),
+                                        prefetch_layers=ctx.options.get("prefetch_layers", True))
     n = sum(len(p.instructions) for p in ctx.programs.values())
     ctx.summary = f"{len(ctx.programs)} DPU subgraph(s), {n} instructions"
     return ctx

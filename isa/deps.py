@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from .fields import BY_NAME, Engine
 from .footprint import Access, Footprint
 from .program import Instruction, IsaError
@@ -304,6 +306,219 @@ class TokenPlanner:
         return Step(i, ENGINES[e], self.dpdon[i], self.dpdby[i], tuple(waits))
 
 
+class _KeyState:
+    """Per-key state of `ExactTokenPlanner` for one key space, as dense arrays indexed by the key's chunk: `w` the
+    last writer (-1: none), `we` its engine, `rd[E]` the latest reader of engine E (readers are not cleared by a
+    write: an older reader is ordered before the writer, so waiting on the writer covers it)."""
+
+    def __init__(self) -> None:
+        self.w = np.full(0, -1, np.int64)
+        self.we = np.zeros(0, np.int64)
+        self.rd = np.full((4, 0), -1, np.int64)
+
+    def ensure(self, n: int) -> None:
+        m = len(self.w)
+        if n <= m:
+            return
+        n = max(n, 2 * m, 1024)
+        self.w = np.concatenate([self.w, np.full(n - m, -1, np.int64)])
+        self.we = np.concatenate([self.we, np.zeros(n - m, np.int64)])
+        self.rd = np.concatenate([self.rd, np.full((4, n - m), -1, np.int64)], axis=1)
+
+
+class ExactTokenPlanner:
+    """Token placement on the conflicting instruction itself, not on the producer engine's latest one.
+
+    Same interface as `TokenPlanner` (`add`, `order_after_all`, `keys`, `dpdon`, `dpdby`, `pair_open`), same
+    token model (module docstring), so the same checker (`find_races`) applies. For every key the planner keeps
+    its last writer and, per engine, its latest reader; a new instruction i of engine C needs, per engine P != C,
+    the latest P instruction x it conflicts with (P's last write of a key i reads or writes, P's latest read of
+    a key i writes). Happens-before is tracked with vector clocks (`hb[i][E]`: the latest E instruction known
+    complete when i starts, as `find_races` derives it): i inherits its engine's previous instruction's clock,
+    and a need x <= hb[i][P] is already ordered (through an earlier token of this engine, or transitively through
+    another engine's chain), so no token is placed. Otherwise x gets dpdby bit C and i dpdon bit P, and i's clock
+    takes x and x's own clock.
+
+    Why FIFO pairing still holds (spec §5.2: the k-th wait on (P, C) is released by the k-th signal): a signal
+    on (P, C) is only ever placed together with its wait, so after every step each pair has as many signals as
+    waits, and every earlier signal t was consumed by an earlier C instruction, whose clock i inherits:
+    hb[i][P] >= t. A new signal goes on x > hb[i][P] >= t, i.e. later in P's order than every earlier signal,
+    and its wait is later in C's order than every earlier wait: the queues pair them in order, and no earlier
+    waiter can consume x's token.
+
+    SAVE pairs: the first SAVE (hp_id 0) has dpdby 0000, so a need on it is placed on its partner (the hp_id 1
+    SAVE, which the cycle model and spec §5.2 deliver only after the whole engine's earlier SAVEs completed).
+    """
+
+    def __init__(self, target: Target, line_chunk: int = 1, ddr_chunk: int = 1):
+        self.space = KeySpace(target, line_chunk, ddr_chunk)
+        self.dpdon: list[int] = []
+        self.dpdby: list[int] = []
+        self.engine: list[Engine] = []
+        self.hb: list[tuple[int, int, int, int]] = []
+        self._last = [-1, -1, -1, -1]
+        # per key (dense arrays per key space): its last writer (-1: none), that writer's engine, the latest
+        # reader of each engine
+        self._bank = _KeyState()
+        self._ddr: dict[int, _KeyState] = {}
+        self._partner: dict[int, int] = {}                      # first SAVE of a pair -> its second
+        self._signal_of: dict[tuple[int, int], int] = {}        # (waiter, engine waited on) -> the signaller
+        self.pair_open = False
+
+    def __len__(self) -> int:
+        return len(self.dpdon)
+
+    def keys(self, fp: Footprint) -> tuple[set[int], set[int]]:
+        """(read keys, write keys) of a footprint in this planner's key space."""
+        return self.space.footprint_keys(fp)
+
+    def last(self, engine: int) -> int:
+        """Index of the latest instruction of `engine` (-1: none yet)."""
+        return self._last[engine]
+
+    def _split(self, keys: set) -> list[tuple["_KeyState", np.ndarray]]:
+        """The keys as (state arrays, dense indices) per key space: bank lines, then each DDR register."""
+        if not keys:
+            return []
+        a = np.fromiter(keys, np.int64, len(keys))
+        out = []
+        b = a[a >= 0]
+        if b.size:
+            self._bank.ensure(int(b.max()) + 1)
+            out.append((self._bank, b))
+        d = a[a < 0]
+        if d.size:
+            v = -1 - d
+            reg = v >> 40
+            ch = v & ((1 << 40) - 1)
+            for r in np.unique(reg).tolist():
+                c = ch[reg == r]
+                st = self._ddr.get(r)
+                if st is None:
+                    st = self._ddr[r] = _KeyState()
+                st.ensure(int(c.max()) + 1)
+                out.append((st, c))
+        return out
+
+    def needs(self, C: int, R: set, W: set) -> list[int]:
+        """Per engine P, the latest P instruction that a new instruction of engine C with these keys conflicts
+        with (-1: none; C's own entry is always -1)."""
+        return self._needs(C, self._split(R), self._split(W))
+
+    @staticmethod
+    def _needs(C: int, sR: list, sW: list) -> list[int]:
+        need = np.full(4, -1, np.int64)
+        for st, idx in sR + sW:                       # the last writer of every key read or written
+            w = st.w[idx]
+            ok = w >= 0
+            if ok.any():
+                np.maximum.at(need, st.we[idx][ok], w[ok])
+        for st, idx in sW:                            # the latest reader of every key written
+            np.maximum(need, st.rd[:, idx].max(axis=1), out=need)
+        out = need.tolist()
+        out[C] = -1
+        return out
+
+    @staticmethod
+    def _record(i: int, C: int, sR: list, sW: list) -> None:
+        """Instruction i of engine C reads sR and writes sW: it becomes their last writer / C's latest reader."""
+        for st, idx in sW:
+            st.w[idx] = i
+            st.we[idx] = C
+        for st, idx in sR:
+            st.rd[C, idx] = i
+
+    def _clock(self, C: int) -> list[int]:
+        j = self._last[C]
+        return list(self.hb[j]) if j >= 0 else [-1, -1, -1, -1]
+
+    def _wait(self, i: int, C: int, x: int, v: list[int]) -> int:
+        """Order i (engine C, clock v, updated) after instruction x of another engine; the signaller."""
+        x = self._partner.get(x, x)
+        P = int(self.engine[x])
+        if P == _SAVE and self.pair_open:
+            raise TokenError("nothing may wait on the SAVE engine between the two SAVEs of a pair", i)
+        if self.dpdby[x] >> C & 1:          # cannot happen (class docstring); a second token would unbalance
+            raise TokenError(f"instruction {x} already signals {ENGINES[C].name}", i)
+        y = self._signal_of.get((i, P))
+        if y is not None:                   # i already waits on P (one bit, one token): move that signal to x,
+            self.dpdby[y] &= ~(1 << C)      # the later one (still the latest signal on (P, C): order kept)
+        self._signal_of[(i, P)] = x
+        self.dpdby[x] |= 1 << C
+        self.dpdon[i] |= 1 << P
+        h = self.hb[x]
+        for E in range(4):
+            if h[E] > v[E]:
+                v[E] = h[E]
+        if x > v[P]:
+            v[P] = x
+        return x
+
+    def _resolve(self, i: int, C: int, need: list[int], v: list[int]) -> list[int]:
+        """Place the tokens i needs, latest-first by index (a later instruction's clock often covers the
+        others)."""
+        out = []
+        while True:
+            cand = [(need[P], P) for P in range(4) if P != C and need[P] > v[P]]
+            if not cand:
+                return out
+            x, P = max(cand)
+            out.append(self._wait(i, C, x, v))
+
+    def order_after_all(self, i: int) -> list[int]:
+        """Order instruction i after every other engine's latest instruction (the final SAVE)."""
+        C = int(self.engine[i])
+        v = list(self.hb[i])
+        need = [self._last[P] if P != C else -1 for P in range(4)]
+        out = self._resolve(i, C, need, v)
+        self.hb[i] = tuple(v)
+        return out
+
+    def add(self, op: str, fp: Footprint | None = None, *, keys: tuple[set, set] | None = None,
+            wait: bool = True, pair: int | None = None) -> Step:
+        """Append instruction `op` with footprint `fp` (or `keys`); see `TokenPlanner.add`."""
+        e = _ENGINE_NUM[op]
+        R, W = keys if keys is not None else (self.keys(fp) if fp is not None else (set(), set()))
+        i = len(self.dpdon)
+        b = 1 << e
+        on, by = b, b
+        if pair is not None:
+            if op != "SAVE" or pair not in (0, 1):
+                raise TokenError(f"pair={pair!r} is for SAVEs (0 = hp_id 0, 1 = hp_id 1)", i)
+            if pair == 0 and self.pair_open:
+                raise TokenError("a SAVE pair is already open", i)
+            if pair == 1:
+                if not self.pair_open:
+                    raise TokenError("second SAVE of a pair without a first", i)
+                v = self._clock(e)
+                need = self._needs(e, self._split(R), self._split(W))
+                if any(need[P] > v[P] for P in range(4)):
+                    raise TokenError("the second SAVE of a pair would need a wait of its own; the first SAVE "
+                                     "waits for both", i)
+                wait = False
+            on, by = (b, 0) if pair == 0 else (0, b)
+        v = self._clock(e)
+        sR, sW = self._split(R), self._split(W)
+        need = self._needs(e, sR, sW) if wait and (R or W) else None
+        if need is not None and pair is None and self.pair_open and need[_SAVE] > v[_SAVE]:
+            raise TokenError(f"{op} conflicts with an open SAVE pair and cannot wait on it", i)
+        self.dpdon.append(on)
+        self.dpdby.append(by)
+        self.engine.append(ENGINES[e])
+        self.hb.append((-1, -1, -1, -1))
+        waits: list[int] = []
+        if need is not None:
+            waits = self._resolve(i, e, need, v)
+        self.hb[i] = tuple(v)
+        self._record(i, e, sR, sW)
+        if pair == 1:
+            self._partner[self._last[e]] = i
+        self._last[e] = i
+        if pair is not None:
+            self.pair_open = pair == 0
+        return Step(i, ENGINES[e], self.dpdon[i], self.dpdby[i], tuple(waits))
+
+
 # ---- checking ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Race:
@@ -387,5 +602,6 @@ def find_races(instrs: Sequence[Instruction], footprints: Sequence[Footprint], t
     return races
 
 
-__all__ = ["ALL_BITS", "ENGINES", "KeySpace", "Race", "Step", "TokenError", "TokenPlanner", "bit", "cross",
+__all__ = ["ALL_BITS", "ENGINES", "ExactTokenPlanner",
+           "KeySpace", "Race", "Step", "TokenError", "TokenPlanner", "bit", "cross",
            "engine_of", "engines_of", "find_races", "mask", "token_counts"]

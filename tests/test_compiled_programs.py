@@ -80,7 +80,8 @@ def _digits_inputs(key: str) -> list[list[np.ndarray]]:
 @pytest.mark.parametrize("key", ALL_TARGET_KEYS)
 def test_digits_exact_race_free_timing_robust(key):
     st = check_compiled("digits", None, key, _digits_inputs(key))
-    assert st["tensors"] >= 3 * 6             # the classifier output and the 5 workspace feature maps, 3 inputs
+    # the classifier output and the 3 workspace feature maps left after conv+pool fusion, for 3 inputs
+    assert st["tensors"] >= 3 * 4
     # the random timings really reorder the instructions (otherwise the check could not fail)
     assert len(st["orders"]) > 3
 
@@ -137,7 +138,7 @@ def _cosim(name: str, size: int | None, key: str, inputs: list[np.ndarray]):
 def test_cosim_digits(key):
     g = compiled("digits", None, key).graph
     reps = _cosim("digits", None, key, digits_inputs(g, 4))
-    assert len(reps) == 1 and reps[0].instructions > 100
+    assert len(reps) == 1 and reps[0].instructions > 80
 
 
 @pytest.mark.slow
