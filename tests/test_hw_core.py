@@ -94,6 +94,12 @@ def test_mismatch_names_first_diverging_instruction():
     f = instrs[k].fields
     assert instrs[k].op == "SAVE" and f["reg_id"] == reg and k >= sv
     assert f["ddr_addr"] <= off < f["ddr_addr"] + (f["length"] - 1) * f["jump_write"] + f["channel"]
+    # a bank-stall counter that disagrees with the model's stall_bank is reported by name
+    res.ddr[reg][off] ^= 1
+    res.bank_stalls["SSTALL"] += 1
+    rep3 = compare(name, SMALL, instrs, sched_ok, m_ok, res)
+    assert [mm.kind for mm in rep3.mismatches] == ["counter"], rep3.summary()
+    assert "SSTALL" in rep3.first.message and f"cycle model {res.bank_stalls['SSTALL'] - 1}" in rep3.first.message
 
 
 def test_mnist_on_b4096_rtl(mnist_path):
