@@ -71,7 +71,7 @@ class DpuCore(wiring.Component):
         # every engine but CONV is frozen in the cycles its bank request is refused (docs/bank-ports.md)
         load, conv, misc = LoadEngine(p), ConvEngine(p), MiscEngine(p)
         m.submodules.load = freeze(load, banks.load_go)
-        m.submodules.conv = freeze(conv, None)
+        m.submodules.conv = freeze(conv, banks.conv_go)
         m.submodules.misc = freeze(misc, banks.misc_go)
         saves = []
         for u in range(p.ddr_ports):
@@ -129,9 +129,9 @@ class DpuCore(wiring.Component):
         with m.If(ctl.done):
             m.d.sync += [done_sticky.eq(1), exec_cycle.eq(ctl.cyc), isr.eq(isr | ier[0])]
         m.d.comb += [self.irq.eq(gie[0] & isr[0]), self.ap_done.eq(done_sticky), self.cyc.eq(ctl.cyc)]
-        # bank-stall counters (cleared by ap_start); CONV is never refused, its counter stays 0
+        # bank-stall counters (cleared by ap_start); CONV is refused only by a busy write queue
         stall_cnt = {n: Signal(32, name=f"cnt_{n.lower()}") for n in BANK_STALLS}
-        stall_now = {"LSTALL": ~banks.load_go, "CSTALL": 0, "MSTALL": ~banks.misc_go,
+        stall_now = {"LSTALL": ~banks.load_go, "CSTALL": ~banks.conv_go, "MSTALL": ~banks.misc_go,
                      "SSTALL": sum(~banks.save_go[u] for u in range(p.ddr_ports))}
         for n, c in stall_cnt.items():
             with m.If(go):
