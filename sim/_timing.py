@@ -127,20 +127,43 @@ def costs(op, fl, stop, tp, tm, cost, port, ddr_reg, ddr_rd, ddr_wr, err):
 
 
 @njit(cache=True)
+def _busy_now(T, busy_until, bm):
+    """(mask of the banks whose write port is busy in cycle T, cycles until the first of them is free);
+    bm[0] = banks whose busy_until may still be > T (pruned here)."""
+    busy = 0
+    nexp = INF
+    if bm[0] != 0:
+        keep = 0
+        for b in range(63):
+            if (bm[0] >> b) & 1:
+                if busy_until[b] > T:
+                    busy |= np.int64(1) << b
+                    if busy_until[b] - T < nexp:
+                        nexp = busy_until[b] - T
+        bm[0] = busy
+    return busy, nexp
+
+
+@njit(cache=True)
 def _resolve(rs, clist, ncs, pend, tau, cur, start, end, cost, st_bank, kind, prm, rfoot, wfoot, fl, bp, w, wd,
-             nunits, info, act, grant, dummy):
-    """Advance the bank-port arbitration (docs/bank-ports.md §3-4) from cycle rs[0] until at least one
+             nunits, info, act, grant, dummy, busy_until, bm):
+    """Advance the bank-port arbitration (docs/bank-ports.md §2-4) from cycle rs[0] until at least one
     pending instruction (pend[u] >= 0: started, end not yet known) ends; set its end.
 
-    rs = [T, cpos]: every cycle < T is resolved; clist[cpos:ncs] are the started CONV-engine instructions
-    that have not ended by T (CONV never stalls: its end is s + cost). tau[u] = engine time of pend[u] at
-    cycle T. While the static footprints of the active instructions do not intersect, time jumps to the
-    next event; otherwise it steps from one change of any active request to the next."""
+    Units in priority order: 0 CONV, 1 MISC, 2 LOAD, 3 + u SAVE unit u. rs = [T, cpos]: every cycle < T is
+    resolved; clist[cpos:ncs] are the started CONV-engine instructions that have not ended by T; those
+    that cannot stall (`schedule`) have end = s + cost and are the fixed CONV `c` here, the others are
+    pending as unit 0. tau[u] = engine time of pend[u] at cycle T. busy_until[b] = first cycle in which
+    bank b's write queue is empty (the port is busy in the cycles before; bm[0] = the banks that may be
+    busy). While the static footprints of the active instructions do not intersect, no active instruction
+    can still write several lines into one bank and no busy bank is in a write footprint, time jumps to
+    the next event; otherwise it steps from one change of any active request (or busy bit) to the next,
+    and one cycle at a time across a granted multi-line write."""
     T = rs[0]
     cpos = rs[1]
     info[7] += 1
     while True:
-        while cpos < ncs and end[clist[cpos]] <= T:
+        while cpos < ncs and end[clist[cpos]] <= T:     # (a pending CONV, end -1, is unit 0)
             cpos += 1
         c = -1
         horizon = INF
@@ -153,7 +176,7 @@ def _resolve(rs, clist, ncs, pend, tau, cur, start, end, cost, st_bank, kind, pr
             else:
                 horizon = start[x] - T
         nact = 0
-        for u in range(1, nunits):
+        for u in range(nunits):
             act[u] = False
             x = pend[u]
             if x < 0:
@@ -169,6 +192,7 @@ def _resolve(rs, clist, ncs, pend, tau, cur, start, end, cost, st_bank, kind, pr
         if nact == 0:
             T += horizon
             continue
+        busy, nexp = _busy_now(T, busy_until, bm)
         # footprints of what each active instruction may still request (they only shrink with time)
         acc_r = 0
         acc_w = 0
@@ -176,7 +200,8 @@ def _resolve(rs, clist, ncs, pend, tau, cur, start, end, cost, st_bank, kind, pr
             acc_r, acc_w = P.future_foot(P.KD_CONV, prm[c], T - start[c])
         dup_r = 0
         dup_w = 0
-        for u in range(1, nunits):
+        qf = 0
+        for u in range(nunits):
             if act[u]:
                 x = pend[u]
                 fr, fw = P.future_foot(kind[x], prm[x], tau[u])
@@ -184,28 +209,32 @@ def _resolve(rs, clist, ncs, pend, tau, cur, start, end, cost, st_bank, kind, pr
                 dup_w |= fw & acc_w
                 acc_r |= fr
                 acc_w |= fw
-        conflict = dup_r != 0 or dup_w != 0
+                qf |= P.future_queue(kind[x], prm[x], tau[u])
+        conflict = dup_r != 0 or dup_w != 0 or qf != 0 or (busy & acc_w) != 0
         d = horizon
         if not conflict:
             info[8] += 1
-            for u in range(1, nunits):
+            for u in range(nunits):
                 if act[u]:
                     tau[u] += d
         else:
             info[9] += 1
-            # Requests are compared only on the banks in two or more of the footprints (dup): as long as
-            # that part of every request stays the same, so do all grants.
+            # Requests are compared only on the banks in two or more of the footprints (dup), the banks
+            # of future multi-line writes (qf) and the busy ones: as long as that part of every request and
+            # the busy set stay the same, so do all grants.
             rel_r = dup_r
-            rel_w = dup_w
+            rel_w = dup_w | qf | busy
             used_r = 0
-            used_w = 0
-            if c >= 0:
+            used_w = busy
+            if nexp < d:
+                d = nexp
+            if c >= 0:                                  # (never refused: it writes no busy bank)
                 rm, wm, run = P.request(P.KD_CONV, prm[c], fl[c], T - start[c], dummy, bp, w, rel_r, rel_w)
-                used_r = rm
-                used_w = wm
+                used_r |= rm
+                used_w |= wm
                 if run < d:
                     d = run
-            for u in range(1, nunits):
+            for u in range(nunits):
                 if act[u]:
                     x = pend[u]
                     rm, wm, run = P.request(kind[x], prm[x], fl[x], tau[u], cur[u], bp, w, rel_r, rel_w)
@@ -217,7 +246,14 @@ def _resolve(rs, clist, ncs, pend, tau, cur, start, end, cost, st_bank, kind, pr
                         used_w |= wm
                         if run < d:
                             d = run
-            for u in range(1, nunits):
+                        q = wm & prm[x, P.P_WQ2]
+                        if q != 0:                      # lines 2.. of this write go through the queue
+                            d = 1
+                            for b in range(63):
+                                if (q >> b) & 1:
+                                    busy_until[b] = T + P.write_lines(prm[x], b)
+                            bm[0] |= q
+            for u in range(nunits):
                 if act[u]:
                     if grant[u]:
                         tau[u] += d
@@ -225,7 +261,7 @@ def _resolve(rs, clist, ncs, pend, tau, cur, start, end, cost, st_bank, kind, pr
                         st_bank[pend[u]] += d
         T += d
         fin = False
-        for u in range(1, nunits):
+        for u in range(nunits):
             if act[u] and tau[u] >= cost[pend[u]]:
                 end[pend[u]] = T
                 pend[u] = -1
@@ -235,7 +271,7 @@ def _resolve(rs, clist, ncs, pend, tau, cur, start, end, cost, st_bank, kind, pr
             rs[1] = cpos
             return ST_OK
         if T > wd:
-            for u in range(1, nunits):
+            for u in range(nunits):
                 if pend[u] >= 0:
                     info[6] = pend[u]
                     end[pend[u]] = T
@@ -254,9 +290,12 @@ def schedule(eng, dpdon, dpdby, words, cost, port, n, tm, fetch, disp, start, en
     and tok[1] = signals delivered per (producer, consumer) pair; src[k, P] = the instruction whose signal
     k consumed on (P, engine of k), or -1.
 
-    The max-plus worklist computes starts as before. An instruction with bank requests on an engine that
-    can be stalled (every engine but CONV) starts *pending*: its end depends on what the engines before it
-    in the priority order do while it runs. When the worklist can make no more progress, `_resolve`
+    The max-plus worklist computes starts as before. An instruction with bank requests that can be
+    stalled starts *pending*: its end depends on what the engines before it in the priority order (and the
+    write queues) do while it runs. Every MISC, LOAD and SAVE instruction with requests can be stalled; a
+    CONV only if it writes a bank into which some CONV or ALU of the program writes several lines at
+    once (stride_out > 1: the bank's write port can be busy draining its queue); any other CONV ends at
+    s + cost (the shortcut that keeps the common case fast). When the worklist can make no more progress, `_resolve`
     advances the arbitration in global time until the first pending instruction ends; everything not yet
     started depends on some pending end, so it starts no earlier than that cycle.
     """
@@ -306,7 +345,15 @@ def schedule(eng, dpdon, dpdby, words, cost, port, n, tm, fetch, disp, start, en
     act = np.zeros(nunits, np.bool_)
     grant = np.zeros(nunits, np.bool_)
     dummy = np.zeros(2, np.int64)
+    busy_until = np.zeros(64, np.int64)
+    bm = np.zeros(1, np.int64)
     clist = elist[off[CONV_E]:off[CONV_E + 1]]
+    # banks that some CONV / ALU writes several lines of at once (stride_out > 1): only a CONV that writes
+    # one of them can find a busy write port, so only such a CONV is pending; the others end at s + cost
+    multi = 0
+    for k in range(n):
+        if kind[k] == P.KD_CONV or kind[k] == P.KD_ALU:
+            multi |= prm[k, P.P_WQ2]
     a_prev = lf - 1
     nd = 0
     nsched = 0
@@ -388,8 +435,8 @@ def schedule(eng, dpdon, dpdby, words, cost, port, n, tm, fetch, disp, start, en
                 st_ddr[h] = t2 - tt
                 start[h] = t2
                 st_bank[h] = 0
-                if kind[h] != P.KD_NONE and ee != CONV_E:
-                    u = 1 if ee == MISC_E else (2 if ee == LOAD_E else 3 + pp)
+                if kind[h] != P.KD_NONE and (ee != CONV_E or (prm[h, P.P_WM] & multi) != 0):
+                    u = 0 if ee == CONV_E else (1 if ee == MISC_E else (2 if ee == LOAD_E else 3 + pp))
                     end[h] = -1
                     pend[u] = h
                     tau[u] = 0
@@ -442,7 +489,7 @@ def schedule(eng, dpdon, dpdby, words, cost, port, n, tm, fetch, disp, start, en
                 status = ST_DEADLOCK
                 break
             status = _resolve(rs, clist, head[CONV_E], pend, tau, cur, start, end, cost, st_bank, kind, prm,
-                              rfoot, wfoot, fl, bp, w, wd, nunits, info, act, grant, dummy)
+                              rfoot, wfoot, fl, bp, w, wd, nunits, info, act, grant, dummy, busy_until, bm)
             if status != ST_OK:
                 break
     info[0] = nd

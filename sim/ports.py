@@ -31,6 +31,12 @@ for the instruction's own fields and the INIT state it runs under:
   τ = 1 + i·p; it reads bank_id in its first `lines` cycles. const_en SAVEs read no bank.
 * CONVINIT, ALUINIT, ELEWINIT, END: no request.
 
+A write of a CONV / ALU puts `write_lines(p, b)` lines into bank b: the number of its rows h < vpp that
+the placement maps to b (1, or up to stride_out when stride_out > 1; P_WQ2..P_WQ4 mark the banks with
+at least 2..4 rows). The bank's write queue takes them one per cycle: the first in the grant cycle, the
+others in the next n − 1 cycles, during which the bank's write port is busy (docs/bank-ports.md §2; the
+arbitration in sim/_timing.py tracks it). LOAD and ELEW writes are one line per bank.
+
 `request(k, τ, ...)` returns (reads, writes, run): the masks in τ and a number of cycles ≥ 1 during which
 they stay the same (so that the arbitration can step from one change to the next).
 """
@@ -50,8 +56,10 @@ TM_DDR_BPC, TM_PORTS = 4, 5          # slots of the timing vector (sim/_timing.p
 (P_N, P_PERIOD, P_KYRUN, P_VPP, P_GB, P_C, P_SOI, P_SH, P_WM,
  P_WFIRST, P_WPER, P_WCNT, P_BFIRST, P_BPER, P_BCNT,
  P_RM0, P_RM1, P_RM2, P_RM3, P_SAME,
- P_LEN, P_LINES, P_PER, P_W0, P_MASK, P_BIASM, P_PP, P_RCONST, P_RUNION, P_BLAST, P_WLAST, P_LAST) = range(32)
-NPRM = 32
+ P_LEN, P_LINES, P_PER, P_W0, P_MASK, P_BIASM, P_PP, P_RCONST, P_RUNION, P_BLAST, P_WLAST, P_LAST,
+ P_WQ2, P_WQ3, P_WQ4) = range(35)
+NPRM = 35
+MAX_LINES = 4          # the most lines one write puts into one bank (stride_out_h limit, isa/target.py)
 
 
 @njit(cache=True)
@@ -68,14 +76,38 @@ def _rot_block(vpp, u, pp):
 
 
 @njit(cache=True)
-def _out_mask(bank_id_out, vpp, so, soo, pp):
-    """Banks of rows h < vpp of a CONV / ALU output (spec §2.4 placement with stride_out)."""
+def _out_masks(bank_id_out, vpp, so, soo, pp, p):
+    """Banks of rows h < vpp of a CONV / ALU output (spec §2.4 placement with stride_out: row h goes to
+    slot (bank_id_out mod PP + (soo + h) div stride_out) mod PP of bank_id_out's group), into p[P_WM], and
+    the banks that get at least 2, 3, 4 of those rows (lines of one write) into p[P_WQ2 .. P_WQ4]."""
     gb = (bank_id_out // pp) * pp
     b0 = bank_id_out - gb
-    m = 0
+    cnt = np.zeros(pp, np.int64)
     for h in range(vpp):
-        m |= 1 << (gb + (b0 + (soo + h) // so) % pp)
-    return m
+        cnt[(b0 + (soo + h) // so) % pp] += 1
+    for s in range(4):
+        p[P_WM if s == 0 else P_WQ2 + s - 1] = 0
+    for b in range(pp):
+        for s in range(4):
+            if cnt[b] > s:
+                p[P_WM if s == 0 else P_WQ2 + s - 1] |= np.int64(1) << (gb + b)
+
+
+@njit(cache=True)
+def write_lines(p, b):
+    """Lines that one write of the instruction (its prm row p) puts into bank b (0 if it does not write
+    b): 1 + the rows beyond the first that share the bank (docs/bank-ports.md §2 write queue)."""
+    if ((p[P_WM] >> b) & 1) == 0:
+        return 0
+    return 1 + ((p[P_WQ2] >> b) & 1) + ((p[P_WQ3] >> b) & 1) + ((p[P_WQ4] >> b) & 1)
+
+
+@njit(cache=True)
+def future_queue(kind, p, tau):
+    """Banks into which the instruction may still write two or more lines at once from engine time τ on."""
+    if (kind == KD_CONV or kind == KD_ALU) and tau <= p[P_WLAST]:
+        return p[P_WQ2]
+    return 0
 
 
 @njit(cache=True)
@@ -234,7 +266,7 @@ def trace_params(op, fl, n, tp, tm, kind, prm, rfoot, wfoot):
             p[P_C] = bidi % pp
             p[P_SOI] = ci[K.CI_SOI]
             p[P_SH] = ci[K.CI_SH]
-            p[P_WM] = _out_mask(f[K.CV_BIDO], ci[K.CI_VPP], ci[K.CI_SO], ci[K.CI_SOO], pp)
+            _out_masks(f[K.CV_BIDO], ci[K.CI_VPP], ci[K.CI_SO], ci[K.CI_SOO], pp, p)
             p[P_WFIRST] = 3 + kk
             p[P_WPER] = kk
             p[P_WCNT] = length
@@ -258,7 +290,7 @@ def trace_params(op, fl, n, tp, tm, kind, prm, rfoot, wfoot):
             p[P_C] = bidi % pp
             p[P_SOI] = ai[K.AI_SOI]
             p[P_SH] = ai[K.AI_SH]
-            p[P_WM] = _out_mask(f[K.AL_BIDO], f[K.AL_VPP], ai[K.AI_SO], ai[K.AI_SOO], pp)
+            _out_masks(f[K.AL_BIDO], f[K.AL_VPP], ai[K.AI_SO], ai[K.AI_SOO], pp, p)
             p[P_WFIRST] = 5 + kk
             p[P_WPER] = kk
             p[P_WCNT] = nl
@@ -527,5 +559,5 @@ def mask_banks(m: int) -> list[int]:
     return [b for b in range(63) if (int(m) >> b) & 1]
 
 
-__all__ = ["request", "trace_params", "expand", "mask_banks", "KD_NONE", "KD_CONV",
+__all__ = ["request", "trace_params", "expand", "mask_banks", "write_lines", "future_queue", "KD_NONE", "KD_CONV",
            "KD_ALU", "KD_ELEW", "KD_LOAD", "KD_SAVE", "NPRM"]

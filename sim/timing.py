@@ -299,9 +299,11 @@ def _deadlock(sched: Schedule, info, tok, dpdon, tm) -> DeadlockError:
     return DeadlockError(msg, blocked, sched)
 
 
-def instruction_traces(program, target) -> list[tuple[np.ndarray, np.ndarray]]:
+def instruction_traces(program, target, lines: bool = False) -> list[tuple]:
     """Per instruction (through the first END): (reads, writes) bank-port request masks (sim/ports.py) for
-    every engine time τ < cost; raises AssertionError if a request run of sim/ports.request is wrong."""
+    every engine time τ < cost; raises AssertionError if a request run of sim/ports.request is wrong.
+    With lines=True each entry is (reads, writes, nl): nl[b] = lines one write of the instruction puts
+    into bank b (docs/bank-ports.md §2 write queue; 0 for a bank it does not write)."""
     prog = _as_arrays(program)
     op, fl = checked_arrays(prog)
     ends = np.nonzero(op == _END)[0]
@@ -325,7 +327,12 @@ def instruction_traces(program, target) -> list[tuple[np.ndarray, np.ndarray]]:
         bad = P.expand(kind[i], prm[i], fl[i], cost[i], bp, target.cp, rd, wr, True)
         if bad >= 0:
             raise AssertionError(f"instruction {i}: request run not constant at tau {bad}")
-        out.append((rd, wr))
+        if lines:
+            nl = np.array([P.write_lines(prm[i], b) if kind[i] in (P.KD_CONV, P.KD_ALU) else
+                           int((wf[i] >> b) & 1) for b in range(64)], np.int64)
+            out.append((rd, wr, nl))
+        else:
+            out.append((rd, wr))
     return out
 
 

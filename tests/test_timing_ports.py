@@ -224,10 +224,11 @@ def test_stalled_engine_does_not_block_lower_ones():
 
 # ---- consistency with a per-cycle replay ------------------------------------------------------------
 def _replay_ends(instrs, target, sched):
-    """Per-cycle arbitration (contract §3) over the expanded traces, with the schedule's start cycles;
-    returns the end cycle of every instruction."""
+    """Per-cycle arbitration (contract §2-3) over the expanded traces, with the schedule's start cycles:
+    a granted write of n lines to a bank keeps its write port busy for the next n - 1 cycles, in which
+    every write request to the bank is refused. Returns the end cycle of every instruction."""
     from opendpu.isa.fields import Engine
-    tr = instruction_traces(instrs, target)
+    tr = instruction_traces(instrs, target, lines=True)
     n = len(sched)
     nu = 3 + target.timing.ddr_ports
     unit = {Engine.CONV: 0, Engine.MISC: 1, Engine.LOAD: 2}
@@ -238,9 +239,11 @@ def _replay_ends(instrs, target, sched):
         if u >= 0:
             q[u].append(int(k))
     pos, tau, end = [0] * nu, {}, {}
+    busy_until = [0] * 64
     t = 0
     while any(pos[u] < len(q[u]) for u in range(nu)):
-        used_r = used_w = 0
+        used_r = 0
+        used_w = sum(1 << b for b in range(64) if busy_until[b] > t)
         for u in range(nu):
             if pos[u] >= len(q[u]) or sched.start[q[u][pos[u]]] > t:
                 continue
@@ -251,6 +254,9 @@ def _replay_ends(instrs, target, sched):
                 continue
             used_r |= r
             used_w |= w
+            for b in ports.mask_banks(w):
+                if tr[k][2][b] > 1:
+                    busy_until[b] = t + int(tr[k][2][b])
             tau[k] = tk + 1
             if tk + 1 == sched.cost[k]:
                 end[k] = t + 1
