@@ -279,3 +279,63 @@ def test_schedule_matches_per_cycle_replay(tname, conflicts):
         assert (s.end - s.start - s.cost == s.stall_bank).all()
         stalled += int((s.stall_bank > 0).sum())
     assert stalled > 0
+
+
+# ---- the write queue (docs/bank-ports.md §2: several lines of one bank in one write) ---------------
+# Program [CONVINIT, CONV, END] as above: CONV s 15. CONVINIT stride_out 2, vpp 2, bank_id_out 8 (slot 0):
+# rows h = 0, 1 go to slot (0 + h div 2) = 0, so every column writes 2 lines into bank 8.
+def _so_conv(kernel, length, vpp=2, so=2):
+    ci = mk("CONVINIT", C, C, valid_pixel_parallel=vpp, stride_out=so, kernel_h=kernel, kernel_w=kernel,
+            jump_write_endl=16)
+    cv = mk("CONV", C, C | S, bank_id_in=0, bank_id_out=8, length=length, channel_group=1)
+    return ci, cv
+
+
+def test_write_queue_lines_of_one_write():
+    ci, cv = _so_conv(1, 5)
+    tr = instruction_traces([ci, cv, END()], T16, lines=True)[1]
+    assert tr[2][8] == 2 and tr[2].sum() == 2                    # 2 lines into bank 8, nothing else
+    ci3 = mk("CONVINIT", valid_pixel_parallel=3, stride_out=2, stride_offset_out=1, jump_write_endl=16)
+    cv3 = mk("CONV", bank_id_out=14, length=1, channel_group=1)
+    # soo 1: rows 0, 1, 2 -> slots (6 + (1 + h) div 2) mod 8 = 6, 7, 7: banks 14 (1 line), 15 (2 lines)
+    tr = instruction_traces([ci3, cv3, END()], T16, lines=True)[1]
+    assert tr[2][14] == 1 and tr[2][15] == 2 and tr[2].sum() == 3
+
+
+def test_stride_out_2_conv_one_cycle_columns_waits_for_its_queue():
+    # 1x1, cg 1: K = 1, columns written in τ = 4 .. 8 (length 5), one every cycle. Each write puts 2
+    # lines into bank 8: the second line keeps the port busy the next cycle, so every write after the
+    # first is refused once: 4 stall cycles (the whole CONV freezes). e = 15 + (11 + 5) + 4 = 35.
+    s = simulate([*_so_conv(1, 5), END(S | C)], T16)
+    assert s.start[1] == 15 and s.cost[1] == 16
+    assert s.stall_bank[1] == 4 and s.end[1] == 35
+    assert s.engine_stalls()["CONV"]["bank"] == 4
+    # stride_out 1 (rows in banks 8, 9, one line each): no stall, e = 31
+    s1 = simulate([*_so_conv(1, 5, so=1), END(S | C)], T16)
+    assert s1.stall_bank[1] == 0 and s1.end[1] == 31
+
+
+def test_stride_out_2_conv_3x3_never_waits():
+    # 3x3, cg 1: K = 9, columns written in τ = 12, 21, 30; the queue drains in τ 13, 22, 31: no stall.
+    # e = 15 + 11 + 27 = 53.
+    s = simulate([*_so_conv(3, 3), END(S | C)], T16)
+    assert s.stall_bank[1] == 0 and s.end[1] == 53
+
+
+@pytest.mark.parametrize("vpp,bank,stalls", [(2, 8, 6), (1, 8, 3), (2, 9, 0)])
+def test_load_refused_while_the_queue_drains(vpp, bank, stalls):
+    # The 3x3 CONV above writes bank 8 in cycles 15 + 12, 21, 30 = 27, 36, 45 (its queue drains in 28, 37,
+    # 46). A LOAD (words 9-13: F 18, d 19, s 20; 16 DDR bytes per cycle: one cycle per 16-byte item, cost
+    # 3 + 7 + 30 = 40) writes bank `bank` in τ 2..31, from cycle 22 on. Into bank 8 it is refused in the
+    # CONV's write cycles and in the drain cycles: 27, 28, 36, 37, 45, 46 = 6 stalls, e = 20 + 40 + 6 =
+    # 66. With vpp 1 the CONV writes 1 line (no queue): refused in 27, 36, 45 only, e = 63. Into bank 9
+    # (not written by the CONV): e = 60.
+    t = T16.with_timing(ddr_bytes_per_cycle=16)
+    ci, cv = _so_conv(3, 3, vpp=vpp)
+    ld = mk("LOAD", L, L | S, bank_id=bank, length=30, channel=16, jump_write=1)
+    s = simulate([ci, cv, ld, END(S | C | L)], t)
+    assert list(s.start[1:3]) == [15, 20]
+    assert s.end[1] == 53 and s.stall_bank[1] == 0
+    assert s.stall_bank[2] == stalls and s.end[2] == 60 + stalls
+    ends = _replay_ends([ci, cv, ld, END(S | C | L)], t, s)
+    assert ends[2] == s.end[2] and ends[1] == s.end[1]
