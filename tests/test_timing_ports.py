@@ -142,7 +142,7 @@ def test_conv_alu_same_read_bank_stalls_alu():
     # e = 26 + 18 + 29 = 73.
     s = _conv_alu(0)
     assert list(s.start[:4]) == [10, 15, 21, 26]
-    assert s.end[1] == 66 and s.stall_bank[1] == 0          # CONV never stalls
+    assert s.end[1] == 66 and s.stall_bank[1] == 0          # CONV is not stalled
     assert s.end[3] == 73 and s.stall_bank[3] == 29
     assert s.engine_stalls()["MISC"]["bank"] == 29 and s.engine_stalls()["CONV"]["bank"] == 0
     assert s.instruction_rows()[3]["stall_bank"] == 29
