@@ -146,6 +146,7 @@ def test_verilog_for_every_preset_and_lint(tmp_path):
                        env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "%Error" not in r.stderr
+    assert "UNOPTFLAT" not in r.stderr and "ALWCOMBORDER" not in r.stderr, r.stderr[-2000:]   # no comb. loop
 
 
 @pytest.mark.skipif(shutil.which("iverilog") is None, reason="Icarus Verilog (apt iverilog) not installed")

@@ -10,7 +10,7 @@ alu_latency 13, elew_latency 17, init_cycles 1.
 import numpy as np
 import pytest
 
-from opendpu.isa.fields import FIELDS
+from opendpu.isa.fields import FIELDS, Engine
 from opendpu.isa.program import Instruction
 from opendpu.isa.target import Target
 from opendpu.sim import ports
@@ -269,7 +269,7 @@ def _replay_ends(instrs, target, sched):
 def test_schedule_matches_per_cycle_replay(tname, conflicts):
     t = (Target.parametric(pp=2, cp=4, alu_pp=2, bank_depth=256) if tname == "small"
          else Target.from_name(tname))
-    stalled = 0
+    stalled = multi = 0
     for seed in range(6):
         g = random_program(t, 50, seed=seed, bank_conflicts=conflicts)
         s = simulate(g.instructions, t)
@@ -278,7 +278,8 @@ def test_schedule_matches_per_cycle_replay(tname, conflicts):
             assert e == s.end[k], (seed, k)
         assert (s.end - s.start - s.cost == s.stall_bank).all()
         stalled += int((s.stall_bank > 0).sum())
-    assert stalled > 0
+        multi += sum(int((x[2] > 1).any()) for x in instruction_traces(g.instructions, t, lines=True))
+    assert stalled > 0 and multi > 0          # stalls, and writes of several lines into one bank, occur
 
 
 # ---- the write queue (docs/bank-ports.md §2: several lines of one bank in one write) ---------------
@@ -339,3 +340,49 @@ def test_load_refused_while_the_queue_drains(vpp, bank, stalls):
     assert s.stall_bank[2] == stalls and s.end[2] == 60 + stalls
     ends = _replay_ends([ci, cv, ld, END(S | C | L)], t, s)
     assert ends[2] == s.end[2] and ends[1] == s.end[1]
+
+
+def test_write_queue_random_mixes_match_the_replay():
+    """Random CONV (1x1 / 3x3, stride_out 1..4), ALU (stride_out 1..4) and LOAD mixes on T16 without
+    tokens between them (each engine's last instruction signals END), so they overlap freely: the
+    schedule's ends equal the per-cycle replay's, and CONVs do wait for busy write ports."""
+    t = T16.with_timing(ddr_bytes_per_cycle=16)
+    rng = np.random.default_rng(3)
+    conv_stalls = 0
+    for seed in range(12):
+        prog, last = [], {}
+        for _ in range(int(rng.integers(6, 14))):
+            kind = rng.choice(["conv", "alu", "load"])
+            if kind == "conv":
+                so = int(rng.integers(1, 5))
+                k = int(rng.choice([1, 1, 3]))
+                prog.append(mk("CONVINIT", valid_pixel_parallel=int(rng.integers(1, 9)), stride_out=so,
+                               stride_offset_out=int(rng.integers(0, so)), kernel_h=k, kernel_w=k,
+                               jump_write_endl=16))
+                prog.append(mk("CONV", bank_id_in=int(rng.integers(0, 16)), bank_id_out=int(rng.integers(0, 16)),
+                               length=int(rng.integers(1, 8)), channel_group=int(rng.integers(1, 3))))
+                last["C"] = len(prog) - 1
+            elif kind == "alu":
+                so = int(rng.integers(1, 5))
+                prog.append(mk("ALUINIT", exec_mode=2, length=int(rng.integers(1, 8)), stride_out=so,
+                               stride_offset_out=int(rng.integers(0, so)), kernel_w=int(rng.integers(1, 3))))
+                prog.append(mk("ALU", bank_id_in=int(rng.integers(0, 16)), bank_id_out=int(rng.integers(0, 16)),
+                               valid_pixel_parallel=int(rng.integers(1, 5))))
+                last["M"] = len(prog) - 1
+            else:
+                prog.append(mk("LOAD", bank_id=int(rng.integers(0, 16)), length=int(rng.integers(1, 12)),
+                               channel=16, jump_write=1))
+                last["L"] = len(prog) - 1
+        on = S
+        for e, k in last.items():
+            bit = {"C": C, "M": M, "L": L}[e]
+            prog[k] = mk(prog[k].op, 0, bit | S, **prog[k].fields)
+            on |= bit
+        prog.append(END(on))
+        s = simulate(prog, t)
+        ends = _replay_ends(prog, t, s)
+        for k, e in ends.items():
+            assert e == s.end[k], (seed, k, prog[k].op)
+        assert (s.end - s.start - s.cost == s.stall_bank).all()
+        conv_stalls += int(s.stall_bank[s.engine == Engine.CONV].sum())
+    assert conv_stalls > 0
