@@ -327,6 +327,18 @@ class ConvEngine(wiring.Component):
         rv = Signal()
         m.d.sync += rv.eq(st.v_d & st.last_d)
         wts = [[self.w_rd.data[o][8 * i:8 * i + 8].as_signed() for i in range(cp)] for o in range(cp)]
+        # Two int8 products per multiplier (AMD WP486): the weights of output channels 2k and 2k+1 packed
+        # as w_2k * 2^18 + w_2k+1 (a 27-bit DSP48E2 A/D operand, shared by all PP rows) times the int8
+        # activation give P = w_2k*x * 2^18 + w_2k+1*x; |w*x| <= 2^14, so the low 18 bits are w_2k+1*x
+        # (signed) and (P - low) >> 18 is w_2k*x, exactly. An odd last channel keeps its own multiplier.
+        packed = []
+        for k in range(cp // 2):
+            row = []
+            for i in range(cp):
+                pw = Signal(signed(27), name=f"pw{k}_{i}")
+                m.d.comb += pw.eq((wts[2 * k][i] << 18) + wts[2 * k + 1][i])
+                row.append(pw)
+            packed.append(row)
         for h in range(pp):
             d = self.img_rd[h].data
             xs = []
@@ -334,9 +346,20 @@ class ConvEngine(wiring.Component):
                 xm = Signal(signed(8), name=f"x{h}_{i}")
                 m.d.comb += xm.eq(Mux(st.rowok_d[h] & st.chok_d[i], d[8 * i:8 * i + 8], 0))
                 xs.append(xm)
+            prods = [[None] * cp for _ in range(cp)]          # prods[o][i] = x_i * w_o,i
+            for k in range(cp // 2):
+                for i in range(cp):
+                    pr = Signal(signed(35), name=f"pp{h}_{k}_{i}")
+                    lo = Signal(signed(18), name=f"plo{h}_{k}_{i}")
+                    hi = Signal(signed(17), name=f"phi{h}_{k}_{i}")
+                    m.d.comb += [pr.eq(packed[k][i] * xs[i]), lo.eq(pr[:18]), hi.eq((pr - lo) >> 18)]
+                    prods[2 * k][i], prods[2 * k + 1][i] = hi, lo
+            if cp % 2:
+                for i in range(cp):
+                    prods[cp - 1][i] = xs[i] * wts[cp - 1][i]
             for o in range(cp):
                 ps = Signal(signed(16 + max(1, (cp - 1).bit_length())), name=f"ps{h}_{o}")
-                m.d.comb += ps.eq(sum(xs[i] * wts[o][i] for i in range(cp)))
+                m.d.comb += ps.eq(sum(prods[o][i] for i in range(cp)))
                 nxt = Signal(signed(p.acc_bits), name=f"accn{h}_{o}")
                 m.d.comb += nxt.eq(Mux(st.first_d, 0, acc[h][o]) + ps)
                 with m.If(st.v_d):

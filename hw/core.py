@@ -15,7 +15,8 @@ from amaranth.lib.wiring import In, Out
 from opendpu.isa.fields import Engine
 
 from . import iface
-from .banks import BankArray, connect_conv, connect_load, connect_misc, connect_save
+from .banks import (BankArray, connect_conv, connect_load, connect_load_ddr, connect_misc, connect_save,
+                    connect_save_ddr, freeze)
 from .control import Control, n_end_slots, n_ret_slots
 from .conv import ConvEngine
 from .loadsave import LoadEngine, SaveUnit
@@ -31,6 +32,9 @@ ADDR_BASE = 0x60                                  # ADDR_k lo at 0x60 + 8k, hi a
 COUNTERS = {"LSTART": 0x180, "LEND": 0x184, "CSTART": 0x188, "CEND": 0x18C,
             "SSTART": 0x190, "SEND": 0x194, "MSTART": 0x198, "MEND": 0x19C}
 EXEC_CYCLE_LO, EXEC_CYCLE_HI, DPU_STS, AXI_STS = 0x1A0, 0x1A4, 0x1A8, 0x1AC
+# Bank-stall cycles per engine (docs/bank-ports.md §5; our addition, free offsets after AXI_STS): the
+# cycles of the run in which the engine's bank request was refused (SAVE: summed over the SAVE units).
+BANK_STALLS = {"LSTALL": 0x1B0, "CSTALL": 0x1B4, "SSTALL": 0x1B8, "MSTALL": 0x1BC}
 FINGERPRINT_LO, FINGERPRINT_HI = 0x1F0, 0x1F4
 ENGINE_OF_COUNTER = {e.name[0]: e for e in Engine}    # the first letter of LSTART, CEND, ...
 
@@ -64,13 +68,15 @@ class DpuCore(wiring.Component):
         m = Module()
         m.submodules.control = ctl = Control(p)
         m.submodules.banks = banks = BankArray(p)
-        m.submodules.load = load = LoadEngine(p)
-        m.submodules.conv = conv = ConvEngine(p)
-        m.submodules.misc = misc = MiscEngine(p)
+        # every engine but CONV is frozen in the cycles its bank request is refused (docs/bank-ports.md)
+        load, conv, misc = LoadEngine(p), ConvEngine(p), MiscEngine(p)
+        m.submodules.load = freeze(load, banks.load_go)
+        m.submodules.conv = freeze(conv, banks.conv_go)
+        m.submodules.misc = freeze(misc, banks.misc_go)
         saves = []
         for u in range(p.ddr_ports):
             s = SaveUnit(p)
-            m.submodules[f"save{u}"] = s
+            m.submodules[f"save{u}"] = freeze(s, banks.save_go[u])
             saves.append(s)
 
         wiring.connect(m, ctl.load, load.ctl)
@@ -79,9 +85,9 @@ class DpuCore(wiring.Component):
         for u, s in enumerate(saves):
             wiring.connect(m, ctl.save[u], s.ctl)
             connect_save(m, s, banks, u)
-            wiring.connect(m, s.ddr_wr, wiring.flipped(self.ddr_wr[u]))
+            connect_save_ddr(m, s, self.ddr_wr[u], banks.save_go[u])
         connect_load(m, load, banks)
-        wiring.connect(m, load.ddr_rd, wiring.flipped(self.ddr_rd))
+        connect_load_ddr(m, load, self.ddr_rd, banks.load_go)
         connect_conv(m, conv, banks)
         connect_misc(m, misc, banks)
         wiring.connect(m, ctl.ifetch, wiring.flipped(self.ifetch))
@@ -123,6 +129,15 @@ class DpuCore(wiring.Component):
         with m.If(ctl.done):
             m.d.sync += [done_sticky.eq(1), exec_cycle.eq(ctl.cyc), isr.eq(isr | ier[0])]
         m.d.comb += [self.irq.eq(gie[0] & isr[0]), self.ap_done.eq(done_sticky), self.cyc.eq(ctl.cyc)]
+        # bank-stall counters (cleared by ap_start); CONV is refused only by a busy write queue
+        stall_cnt = {n: Signal(32, name=f"cnt_{n.lower()}") for n in BANK_STALLS}
+        stall_now = {"LSTALL": ~banks.load_go, "CSTALL": ~banks.conv_go, "MSTALL": ~banks.misc_go,
+                     "SSTALL": sum(~banks.save_go[u] for u in range(p.ddr_ports))}
+        for n, c in stall_cnt.items():
+            with m.If(go):
+                m.d.sync += c.eq(0)
+            with m.Else():
+                m.d.sync += c.eq(c + stall_now[n])
         for k in range(8):
             m.d.comb += [load.ddr_base[k].eq(addr_lo[k])] + [s.ddr_base[k].eq(addr_lo[k]) for s in saves]
 
@@ -132,6 +147,8 @@ class DpuCore(wiring.Component):
               EXEC_CYCLE_LO: exec_cycle[:32], EXEC_CYCLE_HI: exec_cycle[32:],
               DPU_STS: ctl.err, AXI_STS: 0,
               FINGERPRINT_LO: fp & 0xFFFFFFFF, FINGERPRINT_HI: fp >> 32}
+        for name, a in BANK_STALLS.items():
+            rd[a] = stall_cnt[name]
         for name, a in COUNTERS.items():
             e = ENGINE_OF_COUNTER[name[0]]
             rd[a] = ctl.cnt_start[e] if name.endswith("START") else ctl.cnt_end[e]

@@ -6,10 +6,15 @@ All signatures are written from the *requester's* side (the engine or the contro
 * Bank and DDR reads are synchronous: `data` is valid in the cycle after the one with `en` high.
 * Writes take effect at the end of the cycle in which `en` is high.
 * `EngineCtl`: the control raises `start` for one cycle (cycle s) with the instruction in `instr`
-  (word w at bits [32w, 32w+32)). The engine must raise `end` for one cycle exactly in cycle s + cost,
-  where cost is the formula of docs/microarchitecture.md §3, and must have completed every bank / DDR
-  write of the instruction by then (writes issued in cycle s + cost - 1 at the latest). The engine
-  accepts the next `start` in any cycle from s + cost on, including the cycle of its `end`.
+  (word w at bits [32w, 32w+32)). The engine must raise `end` for one cycle exactly in cycle
+  s + cost + stalls, where cost is the formula of docs/microarchitecture.md §3 and stalls the number of
+  cycles in [s, end) in which the bank arbiter refused the engine's request (docs/bank-ports.md; the
+  engine is then frozen by its clock enable, so it sees only its own un-stalled cycles). It must have
+  completed every bank / DDR write of the instruction by then (writes issued in the cycle before `end`
+  at the latest). The engine accepts the next `start` in any cycle from its `end` on, including the
+  cycle of its `end`. Requests (the `en`, `bank`, `addr` of the bank ports) must be functions of the
+  engine's registers only (never of a grant). An idle engine and an engine in its `end` cycle have
+  an empty request, which is always granted, so a `start` always arrives in a granted cycle.
 """
 from __future__ import annotations
 

@@ -450,7 +450,9 @@ class MiscEngine(wiring.Component):
                 s_ = ac.bank0 + h
                 wr = s_ >= PP
                 rd = self.img_rd[h]
-                m.d.comb += [rd.en.eq((alu.vpp > h) & ~rowpad[h] & ~colpad),
+                # the request of every row h < vpp, padding or not (docs/bank-ports.md §2); a padded
+                # row's data is replaced by the pad value in S1
+                m.d.comb += [rd.en.eq(alu.vpp > h),
                              rd.bank.eq(alu.gb_i + Mux(wr, s_ - PP, s_)),
                              rd.addr.eq(Mux(wr, rb1, rb0) + a_common)]
             m.d.comb += [self.dw_rd.en.eq(1),

@@ -6,10 +6,31 @@ from dataclasses import dataclass
 from opendpu.isa.errors import OpenDpuError
 from opendpu.isa.target import Target, get_target
 
-# Minimum pipeline latencies the RTL engines need (cycles). A Target whose timing is smaller cannot be
-# realised cycle-exactly by this RTL; `HwParams` refuses it with a clear message.
+# Pipeline depths of the RTL engines (cycles). A Target whose timing is smaller than `min_latency(target)`
+# (these depths, plus the write-queue drain for CONV and ALU) cannot be realised cycle-exactly by this RTL;
+# `HwParams` refuses it with a clear message.
 MIN_LATENCY = {"conv_latency": 4, "alu_latency": 6, "elew_latency": 6, "ddr_latency": 3, "load_setup": 1,
                "fetch_latency": 1}
+
+
+def conv_write_lines(target: Target) -> int:
+    """Most output rows of one CONV that share one bank (spec §2.4): min(PP, stride_out_h limit)."""
+    return max(1, min(target.pp, target.conv_stride_out_h_max))
+
+
+def alu_write_lines(target: Target) -> int:
+    """Most output rows of one ALU that share one bank: min(ALU_PP, stride_out_h limit)."""
+    return max(1, min(target.alu_pp, target.alu_stride_out_h_max))
+
+
+def min_latency(target: Target) -> dict[str, int]:
+    """The smallest timing values the RTL realises on `target`: MIN_LATENCY, with conv_latency and
+    alu_latency raised by the lines a write can leave in a bank's write queue (docs/bank-ports.md §2:
+    every queued line is written before the instruction ends)."""
+    out = dict(MIN_LATENCY)
+    out["conv_latency"] += conv_write_lines(target) - 1
+    out["alu_latency"] += alu_write_lines(target) - 1
+    return out
 
 
 class HwError(OpenDpuError, ValueError):
@@ -88,9 +109,11 @@ class HwParams:
     def of(cls, target) -> "HwParams":
         """HwParams of a Target, preset name or fingerprint; refuses timings the RTL cannot realise."""
         t = get_target(target) if not isinstance(target, Target) else target
-        for k, v in MIN_LATENCY.items():
+        for k, v in min_latency(t).items():
             if getattr(t.timing, k) < v:
-                raise HwError(f"timing {k} = {getattr(t.timing, k)} is below the RTL pipeline depth {v}; "
+                q = v - MIN_LATENCY[k]
+                what = f"{MIN_LATENCY[k]} + {q} write-queue line(s) = {v}" if q else f"{v}"
+                raise HwError(f"timing {k} = {getattr(t.timing, k)} is below the RTL pipeline depth {what}; "
                               f"the RTL cannot match the cycle model (use {k} >= {v})")
         if t.bank_depth & (t.bank_depth - 1):
             raise HwError(f"bank_depth {t.bank_depth} must be a power of two for the RTL")

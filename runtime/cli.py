@@ -504,6 +504,9 @@ def cmd_profile(a) -> int:
               f"{s.latency_ms:.3f} ms at {s.clock_mhz:g} MHz; engine busy "
               + ", ".join(f"{k} {100 * v / max(1, s.total_cycles):.0f}%" for k, v in busy.items())
               + f"; layer attribution matched {q['matched']}/{q['compute_ops']} compute ops")
+        bank = {k: v["bank"] for k, v in s.engine_stalls().items() if v["bank"]}
+        if bank:                            # cycles lost to the bank-port arbitration (docs/bank-ports.md)
+            print("  bank-port stalls: " + ", ".join(f"{k} {v}" for k, v in bank.items()) + " cycles")
 
     def write_txt(p):
         with open(p, "w") as f:

@@ -63,6 +63,9 @@ class CosimReport:
         return "\n".join(lines)
 
 
+_STALL_ENGINE = {"L": "LOAD", "C": "CONV", "S": "SAVE", "M": "MISC"}     # LSTALL ... MSTALL -> engine
+
+
 def _op(instrs, k):
     return instrs[k].op
 
@@ -100,6 +103,12 @@ def compare(name, target, instrs, sched, machine, res, backend="verilator") -> C
     for k, v in res.counters.items():
         if counters.get(k) != v:
             mm.append(Mismatch("counter", f"counter {k}: RTL {v} != cycle model {counters.get(k)}"))
+    bank = {e: v["bank"] for e, v in sched.engine_stalls().items()}
+    for k, v in getattr(res, "bank_stalls", {}).items():      # LSTALL ... MSTALL, 32-bit RTL counters
+        want = bank.get(_STALL_ENGINE.get(k[0], ""), 0) & 0xFFFFFFFF
+        if want != v:
+            mm.append(Mismatch("counter", f"bank-stall counter {k}: RTL {v} != cycle model {want} "
+                                          "(docs/bank-ports.md)"))
     nbytes = 0
     for r in sorted(res.ddr):
         want = machine.ddr(r)

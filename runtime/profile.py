@@ -302,7 +302,8 @@ class Profile:
                            "args": {"index": i, "layer": sp.layers[sp.layer_of[i]].name if sp.layers else "",
                                     "dispatch": int(s.dispatch[i]), "start": int(s.start[i]),
                                     "end": int(s.end[i]), "stall_token": int(s.stall_token[i]),
-                                    "stall_ddr": int(s.stall_ddr[i]), "stall_queue": int(s.stall_queue[i])}})
+                                    "stall_ddr": int(s.stall_ddr[i]), "stall_queue": int(s.stall_queue[i]),
+                                    "stall_bank": int(s.stall_bank[i])}})
             if (s.port > 0).any():
                 ev.append({"ph": "M", "pid": pid, "tid": 5, "name": "thread_name", "args": {"name": "SAVE port 1"}})
             b0 = 0

@@ -76,15 +76,21 @@ class GeneratedProgram:
 
 
 def random_program(target: Target, n: int = 64, seed: int = 0, *, save_pairs: bool = True,
-                   mix: dict[str, float] | None = None) -> GeneratedProgram:
+                   mix: dict[str, float] | None = None, bank_conflicts: bool = False) -> GeneratedProgram:
     """About `n` random instructions, then a final SAVE ordered after all other work, then END.
 
     `mix` weights the kinds in KINDS (missing kinds get weight 0; INITs come with their CONV/ALU/ELEW);
     `save_pairs` allows hp_id 0/1 SAVE pairs (spec §5.2). Deterministic for a given seed.
+
+    `bank_conflicts` fuzzes the bank-port arbitration (docs/bank-ports.md): image accesses crowd onto the
+    first bank group and two hot banks of it (so engines running at the same time often request the same
+    bank), more LOADs go to image banks, while line addresses spread over the whole bank depth (so
+    fewer accesses share lines, fewer tokens order them, and more of them run concurrently). Programs
+    stay valid and race-free: tokens still come from the exact line footprints.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    g = _Gen(target, seed, save_pairs, mix)
+    g = _Gen(target, seed, save_pairs, mix, bank_conflicts)
     g.run(n)
     instrs = [Instruction(op, on, by, f) for op, on, by, f in zip(g.ops, g.tok.dpdon, g.tok.dpdby, g.fl)]
     init = {reg: np.frombuffer(g.rng.randbytes(REG_SIZES[reg]), np.int8).copy()
@@ -95,8 +101,10 @@ def random_program(target: Target, n: int = 64, seed: int = 0, *, save_pairs: bo
 class _Gen:
     """Generator state: the program so far, INIT state, and the token planner (unsynchronised footprints)."""
 
-    def __init__(self, t: Target, seed: int, save_pairs: bool, mix: dict[str, float] | None):
+    def __init__(self, t: Target, seed: int, save_pairs: bool, mix: dict[str, float] | None,
+                 bank_conflicts: bool = False):
         self.t = t
+        self.crowd = bank_conflicts
         self.rng = random.Random(seed)
         self.r = self.rng.random
         self.save_pairs = save_pairs
@@ -175,9 +183,31 @@ class _Gen:
         return self.tok.keys(footprint_of(op, f, state or _NO_STATE, self.t))
 
     # ---- random values -----------------------------------------------------------------------------
-    def _addr(self, bits: int) -> int:
-        """An image line address: mostly in a small hot window, sometimes wrapping past the last line."""
+    def _img_bank(self) -> int:
+        """An image bank id: uniform, or (bank_conflicts) mostly one of two hot banks of group 0."""
         r = self.r
+        if not self.crowd:
+            return int(r() * self.nimg)
+        x = r()
+        if x < 0.7:
+            return int(r() * 2)
+        if x < 0.95:
+            return int(r() * self.pp)
+        return int(r() * self.nimg)
+
+    def _img_group(self) -> int:
+        """An image bank group: uniform, or (bank_conflicts) mostly group 0."""
+        r = self.r
+        if self.crowd and r() < 0.9:
+            return 0
+        return int(r() * self.img_bg)
+
+    def _addr(self, bits: int) -> int:
+        """An image line address: mostly in a small hot window, sometimes wrapping past the last line
+        (bank_conflicts: anywhere in the bank)."""
+        r = self.r
+        if self.crowd:
+            return int(r() * self.D) & ((1 << bits) - 1)
         x = r()
         if x < 0.9:
             return int(r() * self.hot)
@@ -229,7 +259,7 @@ class _Gen:
         space = self.tok.space
         R = None
         for attempt in range(4):
-            go = int(r() * self.img_bg) if attempt < 2 else (gi + 1) % self.img_bg
+            go = self._img_group() if attempt < 2 else (gi + 1) % self.img_bg
             f["bank_id_out"] = go * pp + int(r() * pp)
             f["bank_addr_out"] = self._addr(bits)
             fp = footprint_of(op, f, st, self.t)
@@ -244,8 +274,8 @@ class _Gen:
     def _load(self):
         r = self.r
         W = self.cp
-        if r() < 0.6:                                   # image bank
-            bank = int(r() * self.nimg)
+        if r() < (0.9 if self.crowd else 0.6):         # image bank
+            bank = self._img_bank()
             ba = self._addr(12)
             x = r()
             reg = REG_INPUT if x < 0.6 else (REG_WORK if x < 0.9 else REG_CONST)
@@ -302,7 +332,7 @@ class _Gen:
         """One SAVE: (fields, read keys, write keys, (reg, first byte, end byte) it writes)."""
         r = self.r
         W = self.cp
-        bank = int(r() * self.nimg)
+        bank = self._img_bank()
         if bank == avoid_bank:
             bank = (bank + 1 + int(r() * (self.nimg - 1))) % self.nimg
         const_en = 1 if r() < 0.05 else 0
@@ -417,7 +447,7 @@ class _Gen:
         rows_in = (vpp - 1) * sh + kh
         ns = (soi + rows_in - 1) // sh + 1
         b0 = int(r() * (min(pp - 1, 4 * pp - ns) + 1))
-        gi = int(r() * self.img_bg)
+        gi = self._img_group()
         bases = self._in_bases(b0, ns, sh, jre, 12)
         baw, bab = self._paddr(12), self._paddr(12)
         f = dict(bank_addr_in=bases[0], pad_top=0, pad_left=0, bank_addr_out=0, pad_bottom=kh - 1,
@@ -495,7 +525,7 @@ class _Gen:
         rows_in = (vpp - 1) * sh + kh
         ns = (soi + rows_in - 1) // sh + 1
         b0 = int(r() * (min(pp - 1, 4 * pp - ns) + 1))
-        gi = int(r() * self.img_bg)
+        gi = self._img_group()
         bases = self._in_bases(b0, ns, sh, af["jump_read_endl"], 14)
         baw, bab = self._paddr(14), self._paddr(14)
         f = dict(bank_addr_out=0, bank_id_out=0, bank_addr_in=bases[0], bank_id_in=gi * pp + b0,
@@ -526,7 +556,7 @@ class _Gen:
         st = InitState()
         for k in range(num):
             share = 1 if r() < 0.1 else 0
-            bidi = int(r() * self.nimg)
+            bidi = self._img_bank()
             jb = 1 if r() < 0.8 else 1 + int(r() * (pp // vpp))      # jump_bank * vpp <= PP
             jr = cg if r() < 0.8 else int(r() * (cg + 3))             # 0 = column broadcast
             jre = 1 + int(r() * 64)
@@ -542,7 +572,7 @@ class _Gen:
                  channel_group=cg)
         R = None
         for attempt in range(4):
-            f.update(bank_id_out=int(r() * self.nimg), bank_addr_out=self._addr(14))
+            f.update(bank_id_out=self._img_bank(), bank_addr_out=self._addr(14))
             Rk, Wk = self._keys("ELEW", f, st)
             R = Rk if R is None else R
             if R.isdisjoint(Wk):                         # never read and write the same lines

@@ -18,7 +18,9 @@ from opendpu.isa.fields import OPS, Engine
 from opendpu.isa.program import Instruction, OP_INDEX, ProgramArrays, to_arrays
 from opendpu.isa.target import Target
 
+from . import _kernels as K
 from . import _timing as T
+from . import ports as P
 from .executor import DpuMachine, ExecError, _target_params, checked_arrays
 
 _END = OP_INDEX["END"]
@@ -79,6 +81,7 @@ class Schedule:
     ddr_write: np.ndarray
     token_source: np.ndarray      # [N, 4]: instruction whose signal each wait consumed, per producer engine
     complete: bool = True
+    stall_bank: np.ndarray | None = None   # cycles in [start, end) the instruction lost the bank-port arbitration
     extra: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -110,14 +113,25 @@ class Schedule:
             out[e.name] = _union_length(self.start[m], self.end[m])
         return out
 
+    def __post_init__(self):
+        if self.stall_bank is None:
+            self.stall_bank = np.zeros(len(self.op), np.int64)
+
     def engine_stalls(self) -> dict[str, dict[str, int]]:
-        """Per engine: cycles its instructions waited for tokens / DDR ports; dispatch waits on a full queue."""
+        """Per engine: cycles its instructions waited for tokens / DDR ports; dispatch waits on a full queue;
+        cycles its running instructions lost the bank-port arbitration (`bank`, docs/bank-ports.md)."""
         out = {}
         for e in Engine:
             m = self.engine == e
             out[e.name] = dict(token=int(self.stall_token[m].sum()), ddr=int(self.stall_ddr[m].sum()),
-                             queue_full=int(self.stall_queue[m].sum()), instructions=int(m.sum()))
+                             queue_full=int(self.stall_queue[m].sum()), bank=int(self.stall_bank[m].sum()),
+                             instructions=int(m.sum()))
         return out
+
+    def save_unit_bank_stalls(self) -> dict[int, int]:
+        """Bank-stall cycles per SAVE unit (AXI port hp_id mod ddr_ports)."""
+        m = self.port >= 0
+        return {int(u): int(self.stall_bank[m & (self.port == u)].sum()) for u in np.unique(self.port[m])}
 
     def ddr_bytes(self) -> dict[str, dict[int, int]]:
         rd, wr = {}, {}
@@ -160,7 +174,8 @@ class Schedule:
                              fetch=int(self.fetch[i]), dispatch=int(self.dispatch[i]), start=int(self.start[i]),
                              end=int(self.end[i]), retire=int(self.retire[i]), cost=int(self.cost[i]),
                              stall_token=int(self.stall_token[i]), stall_queue=int(self.stall_queue[i]),
-                             stall_ddr=int(self.stall_ddr[i]), ddr_reg=int(self.ddr_reg[i]),
+                             stall_ddr=int(self.stall_ddr[i]), stall_bank=int(self.stall_bank[i]),
+                             ddr_reg=int(self.ddr_reg[i]),
                              ddr_read=int(self.ddr_read[i]), ddr_write=int(self.ddr_write[i])))
         return rows
 
@@ -214,18 +229,32 @@ def simulate(program, target: Target, machine: DpuMachine | None = None) -> Sche
     words = T.WORDS_OF_OP[op[:n]]
     on = np.ascontiguousarray(prog.dpdon[:n], dtype=np.int64)
     by = np.ascontiguousarray(prog.dpdby[:n], dtype=np.int64)
+    if target.num_banks > 63:
+        raise ValueError(f"the bank-port model needs num_banks <= 63, target has {target.num_banks}")
+    kind = np.zeros(n, np.int64)
+    prm = np.zeros((n, P.NPRM), np.int64)
+    rfoot = np.zeros(n, np.int64)
+    wfoot = np.zeros(n, np.int64)
+    P.trace_params(op, fl, n, tp, tm, kind, prm, rfoot, wfoot)
+    bp = int(tm[T.TM_DDR_BPC] * tm[T.TM_PORTS])
     arrs = [np.zeros(n, np.int64) for _ in range(8)]
-    info = np.zeros(8, np.int64)
+    info = np.zeros(10, np.int64)
     tok = np.zeros((2, T.NENG, T.NENG), np.int64)
     src = np.full((n, T.NENG), -1, np.int64)
-    status = T.schedule(eng, on, by, words, cost, port, n, tm, *arrs, info, tok, src)
+    st_bank = np.zeros(n, np.int64)
+    status = T.schedule(eng, on, by, words, cost, port, n, tm, *arrs, info, tok, src, kind, prm, rfoot, wfoot,
+                        fl, bp, int(tp[K.T_CP]), st_bank)
     fetch, disp, start, end, ret, st_tok, st_q, st_ddr = arrs
+    if status == T.ST_INTERNAL:
+        raise AssertionError(f"cycle model: instruction {int(info[6])} would start before the resolved time")
     sched = Schedule(target, op[:n].copy(), eng, cost, fetch, disp, start, end, ret, st_tok, st_q, st_ddr,
-                     port, ddr_reg, ddr_rd, ddr_wr, src, complete=status == T.ST_OK)
+                     port, ddr_reg, ddr_rd, ddr_wr, src, complete=status == T.ST_OK, stall_bank=st_bank)
+    sched.extra["arbitration"] = dict(calls=int(info[7]), jumps=int(info[8]), steps=int(info[9]))
     if status == T.ST_DEADLOCK:
         raise _deadlock(sched, info, tok, on, tm)
     if status == T.ST_WATCHDOG:
         h = int(info[6])
+        ret[h] = max(int(ret[h]), int(end[h]))
         raise WatchdogError(f"watchdog: instruction {h} ({OPS[int(op[h])].mnemonic}) retires at cycle "
                             f"{int(ret[h])}, beyond watchdog_cycles={target.timing.watchdog_cycles}")
     if machine is not None:
@@ -270,4 +299,41 @@ def _deadlock(sched: Schedule, info, tok, dpdon, tm) -> DeadlockError:
     return DeadlockError(msg, blocked, sched)
 
 
-__all__ = ["simulate", "Schedule", "DeadlockError", "WatchdogError", "timing_vector"]
+def instruction_traces(program, target, lines: bool = False) -> list[tuple]:
+    """Per instruction (through the first END): (reads, writes) bank-port request masks (sim/ports.py) for
+    every engine time τ < cost; raises AssertionError if a request run of sim/ports.request is wrong.
+    With lines=True each entry is (reads, writes, nl): nl[b] = lines one write of the instruction puts
+    into bank b (docs/bank-ports.md §2 write queue; 0 for a bank it does not write)."""
+    prog = _as_arrays(program)
+    op, fl = checked_arrays(prog)
+    ends = np.nonzero(op == _END)[0]
+    n = int(ends[0]) + 1 if len(ends) else len(op)
+    tp = _target_params(target)
+    tm = timing_vector(target)
+    cost = np.zeros(n, np.int64)
+    z = [np.zeros(n, np.int64) for _ in range(4)]
+    err = np.zeros(3, np.int64)
+    T.costs(op, fl, n, tp, tm, cost, *z, err)
+    kind = np.zeros(n, np.int64)
+    prm = np.zeros((n, P.NPRM), np.int64)
+    rf = np.zeros(n, np.int64)
+    wf = np.zeros(n, np.int64)
+    P.trace_params(op, fl, n, tp, tm, kind, prm, rf, wf)
+    bp = target.timing.ddr_bytes_per_cycle * target.timing.ddr_ports
+    out = []
+    for i in range(n):
+        rd = np.zeros(cost[i], np.int64)
+        wr = np.zeros(cost[i], np.int64)
+        bad = P.expand(kind[i], prm[i], fl[i], cost[i], bp, target.cp, rd, wr, True)
+        if bad >= 0:
+            raise AssertionError(f"instruction {i}: request run not constant at tau {bad}")
+        if lines:
+            nl = np.array([P.write_lines(prm[i], b) if kind[i] in (P.KD_CONV, P.KD_ALU) else
+                           int((wf[i] >> b) & 1) for b in range(64)], np.int64)
+            out.append((rd, wr, nl))
+        else:
+            out.append((rd, wr))
+    return out
+
+
+__all__ = ["simulate", "instruction_traces", "Schedule", "DeadlockError", "WatchdogError", "timing_vector"]

@@ -1,7 +1,8 @@
 """Block test of the RTL control (fetch, dispatch, queues, tokens, retire) in Amaranth's simulator.
 
 The engines are replaced by the testbench: when the control starts instruction k in cycle s, the
-testbench raises that engine's `end` in cycle s + cost_k. Every start and retire cycle the RTL control
+testbench raises that engine's `end` in cycle s + cost_k + stall_bank_k (the bank-port stalls the cycle
+model computes, docs/bank-ports.md). Every start and retire cycle the RTL control
 produces must equal the cycle model's independent max-plus schedule (sim/timing.py).
 """
 import os
@@ -51,7 +52,8 @@ def run_control(target, instrs):
                 if sv >> e & 1:
                     k = ctx.get(dut.tr_start_idx[e])
                     res["start"][k] = c
-                    cost = int(sched.cost[k])
+                    # the engine's busy time: cost plus the cycles the bank arbiter refused it
+                    cost = int(sched.cost[k]) + int(sched.stall_bank[k])
                     if e == 1:
                         if instrs[k].op == "END":
                             continue

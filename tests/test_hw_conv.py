@@ -19,7 +19,7 @@ from opendpu.isa.program import Instruction, to_arrays
 from opendpu.isa.target import Target, get_target
 from opendpu.sim.executor import DpuMachine
 
-from opendpu.hw.banks import BankArray, connect_conv
+from opendpu.hw.banks import BankArray, connect_conv, freeze
 from opendpu.hw.conv import ConvEngine
 from opendpu.hw.params import HwParams
 from opendpu.hw.simutil import run_sim
@@ -35,7 +35,7 @@ class ConvTop(Elaboratable):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.eng = self.eng
+        m.submodules.eng = freeze(self.eng, self.banks.conv_go)   # as in the core (write-queue refusals)
         m.submodules.banks = self.banks
         connect_conv(m, self.eng, self.banks)
         return m
@@ -144,7 +144,8 @@ def run_case(t: Target, prog, seed: int, name: str, gaps=None, ref_prog=None, pa
     mach.run(to_arrays(ref_prog or prog))
     want = mach.banks.copy()
 
-    # start cycles: each start at (previous end) + gap, gap 0 = in the end cycle itself
+    # start cycles: each start at (previous end) + gap, gap 0 = in the end cycle itself (a CONV whose
+    # write finds its bank's write queue busy is refused and frozen: its end comes that many cycles later)
     if gaps is None:
         gaps = [int(rng.integers(0, 3)) if rng.random() < 0.5 else 0 for _ in prog]
     costs, init = [], None
@@ -155,7 +156,7 @@ def run_case(t: Target, prog, seed: int, name: str, gaps=None, ref_prog=None, pa
 
     top = ConvTop(p)
     got = np.zeros_like(pre)
-    ends, starts = [], []
+    ends, starts, refused = [], [], []
 
     async def tb(ctx):
         u = pre.view(np.uint8).reshape(nb, D, W).astype(object)
@@ -166,19 +167,22 @@ def run_case(t: Target, prog, seed: int, name: str, gaps=None, ref_prog=None, pa
         cyc = 0
         k = 0
         next_start = 2
-        horizon = 2 + sum(costs) + sum(gaps) + 10
+        horizon = 2 + 2 * sum(costs) + sum(gaps) + 10
         while cyc < horizon:
+            if ctx.get(ctl.end):
+                ends.append(cyc)
+                next_start = cyc + gaps[k - 1]
+            if not ctx.get(top.banks.conv_go):
+                refused.append(cyc)
             if k < len(prog) and cyc == next_start:
                 ctx.set(ctl.start, 1)
                 ctx.set(ctl.instr, instr_value(prog[k]))
                 starts.append(cyc)
-                next_start = cyc + costs[k] + gaps[k]
+                next_start = -1
                 k += 1
             else:
                 ctx.set(ctl.start, 0)
                 ctx.set(ctl.instr, 0xFFFF_FFFF << 64 | 0xDEAD_BEEF)   # garbage outside start cycles
-            if ctx.get(ctl.end):
-                ends.append(cyc)
             await ctx.tick()
             cyc += 1
         for b in range(nb):
@@ -187,7 +191,10 @@ def run_case(t: Target, prog, seed: int, name: str, gaps=None, ref_prog=None, pa
                 got[b, line * W:(line + 1) * W] = np.frombuffer(v.to_bytes(W, "little"), np.int8)
 
     run_sim(top, tb, name=name)
-    assert ends == [s + c for s, c in zip(starts, costs)], (starts, costs, ends)
+    assert len(starts) == len(prog), (starts, ends)
+    stalls = [sum(1 for x in refused if s <= x < e) for s, e in zip(starts, ends)]
+    assert len(refused) == sum(stalls), (refused, starts, ends)             # refused only while running
+    assert ends == [s + c + st for s, c, st in zip(starts, costs, stalls)], (starts, costs, stalls, ends)
     diff = np.argwhere(got != want)
     if len(diff):
         b, i = diff[0]
@@ -198,8 +205,10 @@ def run_case(t: Target, prog, seed: int, name: str, gaps=None, ref_prog=None, pa
 
 
 def small(pp=2, cp=4, alu_pp=2, **timing):
+    """A small target with the smallest conv_latency the RTL allows (pipeline 4 + write queue) unless given."""
+    from opendpu.hw.params import min_latency
     t = Target.parametric(pp=pp, cp=cp, alu_pp=alu_pp, bank_depth=64)
-    return t.with_timing(**{"conv_latency": 4, "init_cycles": 1, **timing})
+    return t.with_timing(**{"conv_latency": min_latency(t)["conv_latency"], "init_cycles": 1, **timing})
 
 
 @pytest.mark.parametrize("seed", range(1, 9))
@@ -218,7 +227,7 @@ def test_conv_preset_shaped_pp4_cp8(seed):
 
 def test_conv_odd_shape_pp3_cp5():
     """PP not a power of two (generic bank/pass arithmetic), CP odd."""
-    t = small(pp=3, cp=5, alu_pp=1, conv_latency=5, init_cycles=3)
+    t = small(pp=3, cp=5, alu_pp=1, conv_latency=6, init_cycles=3)
     rng = np.random.default_rng(21)
     run_case(t, rand_program(rng, t, 4), 21, "conv_pp3_cp5")
 

@@ -22,7 +22,7 @@ from opendpu.isa.program import Instruction, to_arrays
 from opendpu.isa.target import Target, get_target
 from opendpu.sim.executor import DpuMachine, ExecError
 
-from opendpu.hw.banks import BankArray, connect_misc
+from opendpu.hw.banks import BankArray, connect_misc, freeze
 from opendpu.hw.misc import MiscEngine
 from opendpu.hw.params import HwParams
 from opendpu.hw.simutil import run_sim
@@ -38,7 +38,7 @@ class MiscTop(Elaboratable):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.eng = self.eng
+        m.submodules.eng = freeze(self.eng, self.banks.misc_go)   # as in the core (write-queue refusals)
         m.submodules.banks = self.banks
         connect_misc(m, self.eng, self.banks)
         return m
@@ -241,7 +241,7 @@ def run_rtl(t: Target, prog: list[Instruction], seed: int, name: str, gap_rng=No
     eng = top.eng
     lines = pre.view(np.uint8).reshape(nb, D, W)
     weights = 1 << (8 * np.arange(W, dtype=object))
-    trace = []                    # per cycle: (start, end, any write issued)
+    trace = []                    # per cycle: (start, end, any write issued, refused)
     starts = []
 
     async def tb(ctx):
@@ -253,7 +253,8 @@ def run_rtl(t: Target, prog: list[Instruction], seed: int, name: str, gap_rng=No
 
         async def tick(start=0):
             ctx.set(eng.ctl.start, start)
-            trace.append((start, ctx.get(eng.ctl.end), any(ctx.get(eng.img_wr[h].en) for h in range(p.alu_pp))))
+            trace.append((start, ctx.get(eng.ctl.end), any(ctx.get(eng.img_wr[h].en) for h in range(p.alu_pp)),
+                          not ctx.get(top.banks.misc_go)))
             await ctx.tick()
 
         for k, i in enumerate(prog):
@@ -263,7 +264,7 @@ def run_rtl(t: Target, prog: list[Instruction], seed: int, name: str, gap_rng=No
             starts.append(len(trace))
             await tick(1)
             while not ctx.get(eng.ctl.end):
-                assert len(trace) - starts[-1] < want[k] + 50, f"{i.op} (#{k}) never ends"
+                assert len(trace) - starts[-1] < 2 * want[k] + 50, f"{i.op} (#{k}) never ends"
                 await tick()
         for _ in range(8):                        # idle tail: no late write, no second end pulse
             await tick()
@@ -275,13 +276,17 @@ def run_rtl(t: Target, prog: list[Instruction], seed: int, name: str, gap_rng=No
         run_rtl.got = got.view(np.int8)
 
     run_sim(top, tb, name=name)
-    ends = [c for c, (_, e, _) in enumerate(trace) if e]
-    got_cost = [e - s for s, e in zip(starts, ends)]
+    ends = [c for c, (_, e, _, _) in enumerate(trace) if e]
+    # an ALU whose write finds its bank's write queue busy (stride_out > 1) is refused and frozen
+    refused = [c for c, (_, _, _, r) in enumerate(trace) if r]
+    stalls = [sum(1 for x in refused if s <= x < e) for s, e in zip(starts, ends)]
+    assert len(refused) == sum(stalls), (refused, starts, ends)
+    got_cost = [e - s - st for s, e, st in zip(starts, ends, stalls)]
     assert got_cost == want and len(ends) == len(prog), f"end cycles: RTL {got_cost}, docs formula {want}"
     busy = set()
     for s_, e_ in zip(starts, ends):
         busy.update(range(s_ + 1, e_))
-    late = [c for c, (_, _, w) in enumerate(trace) if w and c not in busy]
+    late = [c for c, (_, _, w, _) in enumerate(trace) if w and c not in busy]
     assert not late, f"bank writes issued outside (start, end) of their instruction, cycles {late}"
     got = run_rtl.got
     bad = np.argwhere(got != ref.banks)
@@ -453,9 +458,12 @@ def test_elew_reuses_descriptors():
 
 # ---- timing corners and other shapes ---------------------------------------------------------------
 def test_min_latency_and_long_init():
-    """The smallest latencies hw/params.MIN_LATENCY allows (alu_latency, elew_latency) and init_cycles 3."""
-    from opendpu.hw.params import MIN_LATENCY
-    t = small(alu_latency=MIN_LATENCY["alu_latency"], elew_latency=MIN_LATENCY["elew_latency"], init_cycles=3)
+    """The smallest latencies hw/params.min_latency allows (alu_latency: pipeline 6 + write queue 1,
+    elew_latency) and init_cycles 3."""
+    from opendpu.hw.params import min_latency
+    lat = min_latency(small())
+    assert lat["alu_latency"] == 7
+    t = small(alu_latency=lat["alu_latency"], elew_latency=lat["elew_latency"], init_cycles=3)
     rng = np.random.default_rng(12)
     prog = []
     for mode in (0, 1, 2, 3, 8):

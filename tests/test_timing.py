@@ -212,10 +212,12 @@ def test_tokens_pair_in_order():
     # LOAD cost 3 + 7 + 4*2 = 18: LOAD0 s 11, r 29; LOAD1 (d 15) s 29, r 47.
     # CONVINIT words 10-13: F 18, d 19, s 20. CONV a words 14-18: F 23, d 24, ready 25, token 29 -> s 29
     # (stall 4), e 29 + 12 = 41. CONV b: F 28, d 29, ready = e_a = 41, token 47 -> s 47 (stall 6).
+    # CONV a writes bank 8, not LOAD 1's bank 0 (no bank-port conflict; tests/test_timing_ports.py has the
+    # same program writing bank 0).
     ld = mk("LOAD", L, L | C, bank_id=0, length=4, channel=16, jump_write=1, reg_id=0)
     ci = mk("CONVINIT", C, C, kernel_h=1, kernel_w=1)
-    cv = mk("CONV", C | L, C, length=1, channel_group=1)
-    cvl = mk("CONV", C | L, C | S, length=1, channel_group=1)
+    cv = mk("CONV", C | L, C, length=1, channel_group=1, bank_id_out=8)
+    cvl = mk("CONV", C | L, C | S, length=1, channel_group=1, bank_id_out=8)
     s = simulate([ld, ld, ci, cv, cvl, END(S | C)], T16)
     assert list(s.retire[:2]) == [29, 47]
     assert list(s.start[3:5]) == [29, 47]
