@@ -8,10 +8,11 @@ export AMARANTH_USE_YOSYS ?= builtin
 
 all: test
 
-.venv/.installed: requirements.txt requirements-torch.txt requirements-models.txt pyproject.toml
+.venv/.installed: requirements.txt requirements-torch.txt requirements-models.txt requirements-synth.txt pyproject.toml
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -r requirements-synth.txt
 	$(PY) -m pip install -q -r requirements-torch.txt || echo "warning: torch==2.13.0 not installed; the PyTorch front-end test is skipped"
 	$(PY) -m pip install -q --no-deps -r requirements-models.txt
 	$(PY) -m pip install -q --no-deps -e .

@@ -208,10 +208,11 @@ def test_channel_augmentation(graphs, model, kw, ic, sw, target):
 
 # ---- producer + only consumer on chip ----------------------------------------------------------------------------
 @pytest.mark.parametrize("target", sorted(TARGETS))
-@pytest.mark.parametrize("model,pairs", [("lenet", [("conv2d-fix", 0, "pool-fix", 0), ("conv2d-fix", 1, "pool-fix", 1)]),
-                                         ("pillars", [("conv2d-fix", 0, "pool-fix", 0)]),
-                                         ("dw_pool", [("conv2d-fix", 0, "depthwise-conv2d-fix", 0)]),
-                                         ("alu_alu", [("depthwise-conv2d-fix", 0, "pool-fix", 0)])])
+@pytest.mark.parametrize("model,pairs", [
+    ("lenet", [("conv2d-fix", 0, "pool-fix", 0), ("conv2d-fix", 1, "pool-fix", 1)]),
+    ("pillars", [("conv2d-fix", 0, "pool-fix", 0)]),
+    ("dw_pool", [("conv2d-fix", 0, "depthwise-conv2d-fix", 0)]),
+    ("alu_alu", [("depthwise-conv2d-fix", 0, "pool-fix", 0)])])
 def test_fusion(graphs, model, pairs, target):
     g, shape = graphs[model]
     t = TARGETS[target]()
@@ -443,8 +444,9 @@ def conv_pair():
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_fused_conv_pair(conv_pair, target):
-    """fuse_conv (off by default): the two convs are one layer, the intermediate is never SAVEd (the 1x1 conv reads the 3x3 conv's
-    rows in VB1), exact, race-free and faster than with fuse_conv off (the schedule decides, _sched_cost)."""
+    """fuse_conv (off by default): the two convs are one layer, the intermediate is never SAVEd (the 1x1 conv
+    reads the 3x3 conv's rows in VB1), exact, race-free and faster than with fuse_conv off (the schedule
+    decides, _sched_cost)."""
     g, shape = conv_pair
     t = TARGETS[target]()
     on, off = _compile(g, t, fuse_conv=True), _compile(g, t)

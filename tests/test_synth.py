@@ -188,3 +188,17 @@ def test_cli_reports_unknown_target(capsys):
     os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
     assert synth.main(["--target", "B999"]) == 2
     assert "unknown target" in capsys.readouterr().err
+
+
+@needs_yosys
+def test_b512_bank_array_maps_every_bank_to_block_ram(tmp_path):
+    """Issue 15's CI check: the B512 bank array (8 image banks with their arbiter and write queues, CONVW, DWCONVW,
+    BIAS), run through synth_xilinx up to memory mapping: every bank is a block RAM, none is in flip-flops."""
+    from opendpu.hw.banks import BankArray
+    from opendpu.hw.params import HwParams
+    from opendpu.isa.target import get_target
+    p = HwParams(get_target("DPUCZDX8G_ISA1_B512"))
+    r = synth.synth_elaboratable(BankArray(p), extra="-run begin:map_ffram", workdir=tmp_path)
+    assert len(r["memories"]) == p.num_banks
+    assert {m["mapped"] for m in r["memories"]} == {"bram"}, r["memories"]
+    assert r["memories_in_ff"] == 0 and r["memory_bits_in_ff"] == 0
