@@ -460,13 +460,24 @@ def test_fused_conv_pair(conv_pair, target):
 
 @pytest.mark.parametrize("target", ["B512", "B4096", "PP2_CP4_D512"])
 def test_schedule_equals_cycle_model(graphs, conv_pair, target):
-    """codegen._schedule (the compiler's own replay of the timing contract's scheduling rules) gives the cycle
-    model's total on every test program, with and without the scheduling options."""
+    """codegen._schedule (the compiler's own replay of the timing contract's scheduling rules, without the
+    bank-port arbitration of docs/bank-ports.md) gives the cycle model's total on every test program whose
+    instructions never lose a bank port; otherwise the model's total lies between it and it plus the model's
+    bank-stall cycles (the stalls only lengthen instructions, and the rules are monotone max-plus ones)."""
     t = TARGETS[target]()
+    exact = 0
     for name, (g, _) in list(graphs.items()) + [("conv_pair", conv_pair)]:
         for opts in ({}, dict(fuse_conv=True), dict(exact_tokens=False, pipeline=False, prefetch_layers=False)):
             prog = _compile(g, t, **opts)
-            assert codegen._schedule(t, prog.instructions) == _cycles(prog), (name, opts)
+            sched = simulate(prog.instructions, prog.target)
+            est, total, stalls = codegen._schedule(t, prog.instructions), int(sched.total_cycles), \
+                int(sched.stall_bank.sum())
+            if stalls == 0:
+                assert est == total, (name, opts)
+                exact += 1
+            else:
+                assert est <= total <= est + stalls, (name, opts, est, total, stalls)
+    assert exact >= 1
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
