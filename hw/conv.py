@@ -18,7 +18,10 @@ CONV runs one *step* per cycle over (w, ky, kx, g), g innermost: N = length·ker
 
 The bias line is read once (issued in cycle s+1, latched in s+2). Column w's POST/WRITE overlap the
 accumulation of column w+1, so the array is busy every cycle. The pipeline needs conv_latency >= 4
-(`MIN_LATENCY["conv_latency"]`): the last write is issued in cycle s+N+3 <= s+cost-1.
+(`MIN_LATENCY["conv_latency"]`): the last write is issued in cycle s+N+3 <= s+cost-1; with stride_out > 1
+up to min(PP, stride_out limit) - 1 more lines of that write drain from the bank's write queue
+afterwards, so `min_latency` adds them. A write that finds its bank's write port busy (a queue still
+draining, docs/bank-ports.md §2) is refused and the whole engine is frozen for the cycle (core: `freeze`).
 
 Like the hardware it models, a CONV writes column w while it still reads later columns: a program
 whose CONV reads lines that the same CONV writes, or writes one line twice, can differ from the

@@ -37,7 +37,9 @@ ALU and ELEW share one lane datapath (ALU_PP rows x CP channels). Pipeline of a 
     c+5  S5  the ALU_PP write rows are issued (whole lines)
 
 so the last write is issued in cycle s+N+5 <= s+cost-1: alu_latency >= 6 and elew_latency >= 6
-(hw/params.MIN_LATENCY).
+(hw/params.MIN_LATENCY); an ALU write of several rows into one bank (stride_out > 1) leaves up to
+min(ALU_PP, stride_out limit) - 1 lines in the bank's write queue, so alu_latency must be that much
+larger (hw/params.min_latency).
 
 Shift codes k < 0 (left shifts) are clamped to -8 and k > 50 to 50; both are exact after saturation
 for the value ranges: |acc| <= 2^20 kernel positions * 128 * 32768 = 2^42 (mode 8), |26*acc| < 2^47.
