@@ -533,9 +533,11 @@ def _strips(c: _Ctx, tiles: list[Tile], load: Callable[[Tile], tuple["InBuf", "O
         ib, ob = cur
         _, comp = _cut(c, lambda: compute(tile, ib, ob))
         ob_span = _buf_span(t, ob, tile.rows)
-        if pending and not _disjoint(ob_span, prev_ob):
-            _put(c, pending)                              # strip k overwrites strip k-1's output: SAVE it first
-            pending = []
+        if pending:
+            assert prev_ob is not None, "pending SAVEs are those of a previous strip, whose output span is prev_ob"
+            if not _disjoint(ob_span, prev_ob):
+                _put(c, pending)                          # strip k overwrites strip k-1's output: SAVE it first
+                pending = []
         nxt: list[tuple[Instruction, int]] = []
         ahead = True                                      # strip k+1's LOADs may go among strip k's compute
         if k + 1 < len(tiles):
@@ -871,6 +873,7 @@ def _estimate(t: Target, ins: list[Instruction], layer_of: list[int]) -> int:
     for x, layer in zip(ins, layer_of):
         f = x.fields
         op = x.op
+        cost: float                                       # int cycles, except a SAVE's share of the AXI ports
         if op == "LOAD":
             lines = _ceil(f["channel"], W)
             cost = tm.load_setup + L + f["length"] * max(_ceil(f["channel"], B * ports), lines)
@@ -1064,10 +1067,10 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob") -> None:
     q_conv = isinstance(qjob, ConvJob)
     if s > 2:
         raise CodegenError(f"fusion into {qjob.name!r}: stride_out {s} (> 2 is unproven, spec §2.4)")
-    if not q_conv and (cg > 256 or _alu_kpos(qjob) * cg > c.depth):
+    if not isinstance(qjob, ConvJob) and (cg > 256 or _alu_kpos(qjob) * cg > c.depth):
         raise CodegenError(f"fusion into {qjob.name!r}: channels do not fit one ALU pass")
     pwin = pjob.win
-    if is_conv:
+    if isinstance(pjob, ConvJob):
         st = _conv_setup(c, pjob)
         if st.per_group < st.n_sl or st.n_sl != cg:
             raise CodegenError(f"fusion of {pjob.name!r}: its weights do not fit one CONVW group")
@@ -1081,7 +1084,7 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob") -> None:
         pw, pb = _alu_params(c, pjob)
     if vbP < s:
         raise CodegenError(f"fusion of {pjob.name!r}: {vbP} rows per instruction < stride_out {s}")
-    if q_conv:
+    if isinstance(qjob, ConvJob):
         # a CONV consumer: its weights must stay resident beside P's (one CONVW group each, no ring overlap)
         # Q's bias and weight LOADs are taken out of the stream and spread among P's first strip (Q needs them
         # only after it), which requires their lines to be none of P's
@@ -1150,7 +1153,8 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob") -> None:
         ibq = InBuf(t.img_base(1), c.img[1].alloc(q_lines, f"layer {qjob.name!r} input", TOKEN_LINES), Eq, cg, s,
                     q_lines)
         obp = OutBuf(ibq.group, ibq.base, Eq, cg, s, ya - qt.a, (xa - qt.b) * cg)
-        ibp = _in_buf(c, pjob.name, pt, pwin.sh, cg_p, pjob.inp, pjob.aug if is_conv else None, 0, TOKEN_LINES)
+        p_aug = pjob.aug if isinstance(pjob, ConvJob) else None
+        ibp = _in_buf(c, pjob.name, pt, pwin.sh, cg_p, pjob.inp, p_aug, 0, TOKEN_LINES)
         return pt, ibp, obp, ibq
 
     # software pipeline in program order: P computes strip k, the LOADs of strip k+1 follow, then Q's blocks of
@@ -1162,7 +1166,7 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob") -> None:
     deferred: list = [[], None]                           # Q's SAVEs not emitted yet, and the lines they read
     for k, qt in enumerate(tiles):
         pt, ibp, obp, ibq = nxt
-        if is_conv:
+        if isinstance(pjob, ConvJob):
             _, pseg = _cut(c, lambda: _conv_tile(c, pjob, st, pt, ibp, obp, w_base, 0, st.n_sl, vbP, state_p))
         else:
             _, pseg = _cut(c, lambda: _alu_tile(c, pjob, pt, ibp, obp, pw, pb, vbP, state_p))
@@ -1215,17 +1219,19 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob") -> None:
                 deferred[0], deferred[1] = sv, ob_span
             del moved[:per]
 
-        if q_conv:
+        if isinstance(qjob, ConvJob):
             _conv_tile(c, qjob, stq, qt, ibq, obq, wq_base, 0, stq.n_sl, vbQ, state_q, after=after)
         else:
             _alu_tile(c, qjob, qt, ibq, obq, qw, qb, vbQ, state_q, after=after)
-        if moved and deferred[0] and not _disjoint(nxt_span, deferred[1]):
-            _put(c, deferred[0])
-            deferred[0] = []
+        if moved and deferred[0]:
+            assert nxt_span is not None, "only a next strip's LOADs are moved, so nxt_span is set"
+            if not _disjoint(nxt_span, deferred[1]):
+                _put(c, deferred[0])
+                deferred[0] = []
         _put(c, moved)
     _put(c, deferred[0])
-    kp = pjob.w.shape[1] * pjob.w.shape[2] * pjob.w.shape[3] if is_conv else pwin.kh * pwin.kw
-    kq = qjob.w.shape[1] * qjob.w.shape[2] * qjob.w.shape[3] if q_conv else winQ.kh * winQ.kw
+    kp = pjob.w.shape[1] * pjob.w.shape[2] * pjob.w.shape[3] if isinstance(pjob, ConvJob) else pwin.kh * pwin.kw
+    kq = qjob.w.shape[1] * qjob.w.shape[2] * qjob.w.shape[3] if isinstance(qjob, ConvJob) else winQ.kh * winQ.kw
     c.workload += 2 * ch * kp * pwin.ho * pwin.wo + 2 * ch_out * kq * winQ.ho * winQ.wo
 
 
@@ -1766,13 +1772,13 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
     layers[-1].count += 1
     keys = _footprint_keys(t, c.s.ins, {REG_CONST: max(1, len(c.blob)), **{r: max(1, v) for r, v in sizes.items()}})
     if prefetch_layers:
-        order = _prefetch_layers(c.s.ins, c.s.layer_of, keys)
-        c.s.ins = [c.s.ins[k] for k in order]
-        c.s.layer_of = [c.s.layer_of[k] for k in order]
-        keys = [keys[k] for k in order]
+        perm = _prefetch_layers(c.s.ins, c.s.layer_of, keys)
+        c.s.ins = [c.s.ins[j] for j in perm]
+        c.s.layer_of = [c.s.layer_of[j] for j in perm]
+        keys = [keys[j] for j in perm]
         span: dict[int, list[int]] = {}
-        for k, li in enumerate(c.s.layer_of):
-            span.setdefault(li, [k, k])[1] = k
+        for pos, li in enumerate(c.s.layer_of):
+            span.setdefault(li, [pos, pos])[1] = pos
         for li, (a, b) in span.items():                  # a layer's hull (its opening LOADs moved up)
             layers[li].first, layers[li].count = a, b - a + 1
     instrs = _tokens(t, c.s.ins, exact_tokens, keys)
@@ -2035,7 +2041,7 @@ def _footprint_keys(t: Target, ins: list[Instruction], reg_sizes: dict[int, int]
     """(read keys, write keys) of every instruction in the token planner's key space (8-line / 64-byte chunks)."""
     space = KeySpace(t, line_chunk=TOKEN_LINES, ddr_chunk=64)
     state = InitState()
-    keys = []
+    keys: list[tuple[set, set]] = []
     for x in ins:
         if x.op == "END":
             keys.append((set(), set()))

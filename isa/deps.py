@@ -31,6 +31,12 @@ _SAVE = int(Engine.SAVE)
 _ENGINE_NUM = {op: int(info.engine) for op, info in BY_NAME.items()}
 
 
+def _clock4(v: list[int]) -> tuple[int, int, int, int]:
+    """A vector clock (one entry per engine) as the tuple stored in `hb`."""
+    assert len(v) == 4, "a vector clock has one entry per engine (4)"
+    return (v[0], v[1], v[2], v[3])
+
+
 # ---- encoding helpers --------------------------------------------------------------------------------
 def bit(engine: int) -> int:
     """The dpdon/dpdby mask bit of an engine (spec §4.1: LOAD bit 0, SAVE 1, CONV 2, MISC 3)."""
@@ -456,7 +462,7 @@ class ExactTokenPlanner:
     def _resolve(self, i: int, C: int, need: list[int], v: list[int]) -> list[int]:
         """Place the tokens i needs, latest-first by index (a later instruction's clock often covers the
         others)."""
-        out = []
+        out: list[int] = []
         while True:
             cand = [(need[P], P) for P in range(4) if P != C and need[P] > v[P]]
             if not cand:
@@ -470,7 +476,7 @@ class ExactTokenPlanner:
         v = list(self.hb[i])
         need = [self._last[P] if P != C else -1 for P in range(4)]
         out = self._resolve(i, C, need, v)
-        self.hb[i] = tuple(v)
+        self.hb[i] = _clock4(v)
         return out
 
     def add(self, op: str, fp: Footprint | None = None, *, keys: tuple[set, set] | None = None,
@@ -490,8 +496,8 @@ class ExactTokenPlanner:
                 if not self.pair_open:
                     raise TokenError("second SAVE of a pair without a first", i)
                 v = self._clock(e)
-                need = self._needs(e, self._split(R), self._split(W))
-                if any(need[P] > v[P] for P in range(4)):
+                pair_need = self._needs(e, self._split(R), self._split(W))
+                if any(pair_need[P] > v[P] for P in range(4)):
                     raise TokenError("the second SAVE of a pair would need a wait of its own; the first SAVE "
                                      "waits for both", i)
                 wait = False
@@ -508,7 +514,7 @@ class ExactTokenPlanner:
         waits: list[int] = []
         if need is not None:
             waits = self._resolve(i, e, need, v)
-        self.hb[i] = tuple(v)
+        self.hb[i] = _clock4(v)
         self._record(i, e, sR, sW)
         if pair == 1:
             self._partner[self._last[e]] = i

@@ -133,7 +133,6 @@ def _busy_now(T, busy_until, bm):
     busy = 0
     nexp = INF
     if bm[0] != 0:
-        keep = 0
         for b in range(63):
             if (bm[0] >> b) & 1:
                 if busy_until[b] > T:

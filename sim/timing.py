@@ -117,21 +117,28 @@ class Schedule:
         if self.stall_bank is None:
             self.stall_bank = np.zeros(len(self.op), np.int64)
 
+    def _bank_stalls(self) -> np.ndarray:
+        """`stall_bank`, never None after __post_init__."""
+        assert self.stall_bank is not None, "Schedule.__post_init__ fills stall_bank"
+        return self.stall_bank
+
     def engine_stalls(self) -> dict[str, dict[str, int]]:
         """Per engine: cycles its instructions waited for tokens / DDR ports; dispatch waits on a full queue;
         cycles its running instructions lost the bank-port arbitration (`bank`, docs/bank-ports.md)."""
         out = {}
+        stall_bank = self._bank_stalls()
         for e in Engine:
             m = self.engine == e
             out[e.name] = dict(token=int(self.stall_token[m].sum()), ddr=int(self.stall_ddr[m].sum()),
-                             queue_full=int(self.stall_queue[m].sum()), bank=int(self.stall_bank[m].sum()),
+                             queue_full=int(self.stall_queue[m].sum()), bank=int(stall_bank[m].sum()),
                              instructions=int(m.sum()))
         return out
 
     def save_unit_bank_stalls(self) -> dict[int, int]:
         """Bank-stall cycles per SAVE unit (AXI port hp_id mod ddr_ports)."""
         m = self.port >= 0
-        return {int(u): int(self.stall_bank[m & (self.port == u)].sum()) for u in np.unique(self.port[m])}
+        stall_bank = self._bank_stalls()
+        return {int(u): int(stall_bank[m & (self.port == u)].sum()) for u in np.unique(self.port[m])}
 
     def ddr_bytes(self) -> dict[str, dict[int, int]]:
         rd, wr = {}, {}
@@ -169,12 +176,13 @@ class Schedule:
     def instruction_rows(self) -> list[dict]:
         """One row per instruction, stable column names (CSV)."""
         rows = []
+        stall_bank = self._bank_stalls()
         for i in range(len(self)):
             rows.append(dict(index=i, op=OPS[int(self.op[i])].mnemonic, engine=Engine(int(self.engine[i])).name,
                              fetch=int(self.fetch[i]), dispatch=int(self.dispatch[i]), start=int(self.start[i]),
                              end=int(self.end[i]), retire=int(self.retire[i]), cost=int(self.cost[i]),
                              stall_token=int(self.stall_token[i]), stall_queue=int(self.stall_queue[i]),
-                             stall_ddr=int(self.stall_ddr[i]), stall_bank=int(self.stall_bank[i]),
+                             stall_ddr=int(self.stall_ddr[i]), stall_bank=int(stall_bank[i]),
                              ddr_reg=int(self.ddr_reg[i]),
                              ddr_read=int(self.ddr_read[i]), ddr_write=int(self.ddr_write[i])))
         return rows
@@ -320,7 +328,7 @@ def instruction_traces(program, target, lines: bool = False) -> list[tuple]:
     wf = np.zeros(n, np.int64)
     P.trace_params(op, fl, n, tp, tm, kind, prm, rf, wf)
     bp = target.timing.ddr_bytes_per_cycle * target.timing.ddr_ports
-    out = []
+    out: list[tuple] = []
     for i in range(n):
         rd = np.zeros(cost[i], np.int64)
         wr = np.zeros(cost[i], np.int64)

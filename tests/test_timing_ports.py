@@ -229,7 +229,6 @@ def _replay_ends(instrs, target, sched):
     every write request to the bank is refused. Returns the end cycle of every instruction."""
     from opendpu.isa.fields import Engine
     tr = instruction_traces(instrs, target, lines=True)
-    n = len(sched)
     nu = 3 + target.timing.ddr_ports
     unit = {Engine.CONV: 0, Engine.MISC: 1, Engine.LOAD: 2}
     q = [[] for _ in range(nu)]
