@@ -861,6 +861,25 @@ def _run(c: _Ctx, job: "ConvJob | AluJob") -> None:
         _alu(c, job)
 
 
+_COST_OPS = ("CONVINIT", "CONV", "ALUINIT", "ALU", "ELEW")
+
+
+def _compute_cost(op: str, f: dict, tm, ks: list[int]) -> int:
+    """docs/microarchitecture.md §3 cost of a compute instruction; `ks` carries the kernel positions of the
+    latest CONVINIT (ks[0]) and ALUINIT (ks[1]) from one instruction to the next (both estimators share it)."""
+    if op == "CONVINIT":
+        ks[0] = f["kernel_h"] * f["kernel_w"]
+        return tm.init_cycles
+    if op == "CONV":
+        return tm.conv_latency + f["length"] * ks[0] * f["channel_group"]
+    if op == "ALUINIT":
+        ks[1] = f["kernel_h"] * f["kernel_w"] * f["channel_group"] * f["length"]
+        return tm.init_cycles
+    if op == "ALU":
+        return tm.alu_latency + ks[1] * f["kernel_d"]
+    return tm.elew_latency + f["length"] * f["channel_group"] * f["num"]
+
+
 def _estimate(t: Target, ins: list[Instruction], layer_of: list[int]) -> int:
     """Cycles of a stream by the cycle model's per-instruction costs (docs/microarchitecture.md §3, the target's
     Timing): per layer the busiest engine (engines overlap inside a layer; SAVEs are spread over the AXI ports),
@@ -869,7 +888,7 @@ def _estimate(t: Target, ins: list[Instruction], layer_of: list[int]) -> int:
     tm = t.timing
     W, L, B, ports = t.cp, tm.ddr_latency, tm.ddr_bytes_per_cycle, tm.ddr_ports
     busy: dict[tuple[int, str], float] = {}
-    conv_k = alu_k = 0
+    ks = [0, 0]                       # the latest CONVINIT / ALUINIT kernel positions
     for x, layer in zip(ins, layer_of):
         f = x.fields
         op = x.op
@@ -880,16 +899,8 @@ def _estimate(t: Target, ins: list[Instruction], layer_of: list[int]) -> int:
         elif op == "SAVE":
             lines = _ceil(f["channel"], W)
             cost = (tm.save_setup + f["length"] * max(_ceil(f["channel"], B), lines) + L) / ports
-        elif op == "CONVINIT":
-            conv_k, cost = f["kernel_h"] * f["kernel_w"], tm.init_cycles
-        elif op == "CONV":
-            cost = tm.conv_latency + f["length"] * conv_k * f["channel_group"]
-        elif op == "ALUINIT":
-            alu_k, cost = f["kernel_h"] * f["kernel_w"] * f["channel_group"] * f["length"], tm.init_cycles
-        elif op == "ALU":
-            cost = tm.alu_latency + alu_k * f["kernel_d"]
-        elif op == "ELEW":
-            cost = tm.elew_latency + f["length"] * f["channel_group"] * f["num"]
+        elif op in _COST_OPS:
+            cost = _compute_cost(op, f, tm, ks)
         else:
             cost = tm.init_cycles
         key = (layer, op if op in ("LOAD", "SAVE") else ("CONV" if op.startswith("CONV") else "MISC"))
@@ -927,7 +938,7 @@ def _schedule(t: Target, ins: list[Instruction]) -> int:
     port_e = [0] * ports
     sig: dict[tuple[int, int], list[int]] = {}     # (P, C) -> retire times of P's signals, in order
     used: dict[tuple[int, int], int] = {}
-    conv_k = alu_k = 0
+    ks = [0, 0]                       # the latest CONVINIT / ALUINIT kernel positions
     total = 0
     for k, x in enumerate(ins):
         op, f = x.op, x.fields
@@ -946,16 +957,8 @@ def _schedule(t: Target, ins: list[Instruction]) -> int:
             cost = tm.load_setup + L + f["length"] * max(_ceil(f["channel"], B * ports), _ceil(f["channel"], W))
         elif op == "SAVE":
             cost = tm.save_setup + f["length"] * max(_ceil(f["channel"], B), _ceil(f["channel"], W)) + L
-        elif op == "CONVINIT":
-            conv_k, cost = f["kernel_h"] * f["kernel_w"], tm.init_cycles
-        elif op == "CONV":
-            cost = tm.conv_latency + f["length"] * conv_k * f["channel_group"]
-        elif op == "ALUINIT":
-            alu_k, cost = f["kernel_h"] * f["kernel_w"] * f["channel_group"] * f["length"], tm.init_cycles
-        elif op == "ALU":
-            cost = tm.alu_latency + alu_k * f["kernel_d"]
-        elif op == "ELEW":
-            cost = tm.elew_latency + f["length"] * f["channel_group"] * f["num"]
+        elif op in _COST_OPS:
+            cost = _compute_cost(op, f, tm, ks)
         elif op == "END":
             cost = tm.end_cycles
         else:

@@ -171,6 +171,16 @@ class KeySpace:
 
 
 # ---- placing tokens ----------------------------------------------------------------------------------
+def _check_pair(op: str, pair: int, pair_open: bool, i: int) -> None:
+    """The SAVE-pair protocol of both planners: `pair` 0 opens a pair of SAVEs, 1 closes the open one."""
+    if op != "SAVE" or pair not in (0, 1):
+        raise TokenError(f"pair={pair!r} is for SAVEs (0 = hp_id 0, 1 = hp_id 1)", i)
+    if pair == 0 and pair_open:
+        raise TokenError("a SAVE pair is already open", i)
+    if pair == 1 and not pair_open:
+        raise TokenError("second SAVE of a pair without a first", i)
+
+
 @dataclass(frozen=True)
 class Step:
     """What `TokenPlanner.add` decided for one instruction. `dpdby` is its mask so far: later
@@ -274,13 +284,8 @@ class TokenPlanner:
         b = 1 << e
         on, by = b, b
         if pair is not None:
-            if op != "SAVE" or pair not in (0, 1):
-                raise TokenError(f"pair={pair!r} is for SAVEs (0 = hp_id 0, 1 = hp_id 1)", i)
-            if pair == 0 and self.pair_open:
-                raise TokenError("a SAVE pair is already open", i)
+            _check_pair(op, pair, self.pair_open, i)
             if pair == 1:
-                if not self.pair_open:
-                    raise TokenError("second SAVE of a pair without a first", i)
                 need = self.conflicts(e, R, W)
                 if need:
                     raise TokenError("the second SAVE of a pair would need a wait of its own (on "
@@ -488,13 +493,8 @@ class ExactTokenPlanner:
         b = 1 << e
         on, by = b, b
         if pair is not None:
-            if op != "SAVE" or pair not in (0, 1):
-                raise TokenError(f"pair={pair!r} is for SAVEs (0 = hp_id 0, 1 = hp_id 1)", i)
-            if pair == 0 and self.pair_open:
-                raise TokenError("a SAVE pair is already open", i)
+            _check_pair(op, pair, self.pair_open, i)
             if pair == 1:
-                if not self.pair_open:
-                    raise TokenError("second SAVE of a pair without a first", i)
                 v = self._clock(e)
                 pair_need = self._needs(e, self._split(R), self._split(W))
                 if any(pair_need[P] > v[P] for P in range(4)):
