@@ -10,12 +10,12 @@ alu_latency 13, elew_latency 17, init_cycles 1.
 import numpy as np
 import pytest
 
-from opendpu.isa.fields import FIELDS, Engine
-from opendpu.isa.program import Instruction
+from opendpu.isa.fields import Engine
 from opendpu.isa.target import Target
 from opendpu.sim import ports
 from opendpu.sim.progen import random_program
 from opendpu.sim.timing import instruction_traces, simulate
+from test_timing import END, mk  # noqa: E402  (the hand-built instructions of the timing tests)
 
 L, S, C, M = 1, 2, 4, 8
 TM = dict(fetch_latency=5, fetch_fifo_words=32, queue_depth=4, ddr_latency=7, ddr_bytes_per_cycle=4,
@@ -25,14 +25,6 @@ T16 = Target.from_name("B4096").with_timing(**TM)
 BIAS = 33
 
 
-def mk(op, on=0, by=0, **kw):
-    f = {fd.name: fd.lo for fd in FIELDS[op]}
-    f.update(kw)
-    return Instruction(op, on, by, f)
-
-
-def END(on=S):
-    return mk("END", on, S)
 
 
 def sets(trace):
