@@ -25,9 +25,10 @@ ALU and ELEW share one lane datapath (ALU_PP rows x CP channels). Pipeline of a 
     c    S0  issue the row reads and the DWCONVW read; padding / channel_offset flags
     c+1  S1  prod = (xv * w) >> psh: xv = the byte, or PV on pads and channel_offset lanes; w = int8
              weight (doubled in mode 0) / alpha, int16 weight (mode 8), multi_factor (2, 4), 2731 (7),
-             1 (3, 5, prelu x >= 0); ELEW: w = 4, psh = shift_read (t = (x<<2) >> shift_read).
+             1 (3, 5, prelu x >= 0); ELEW: w = 4, psh = shift_read (t = (x<<2) >> shift_read); ELEW
+             mult, second input: prod = t1 * t0, with t0 the previous step's prod (one multiplier a lane).
              The first step of an output line reads its BIAS line (mode 0).
-    c+2  S2  acc = sum (max for modes 3/5, t0*t1 for ELEW mult); a sum starts from bias<<shift_bias
+    c+2  S2  acc = sum (max for modes 3/5, prod for ELEW mult); a sum starts from bias<<shift_bias
              (mode 0: acc = 2*sum + bias*2^sb) or 3*2731<<shift_bias (mode 7)
     c+3  S3  v = (acc * 256 + rc) >> sh: the signed rounding shift (for a < 0 and leaky: acc * 26*256
              and k + 8; prelu: sn for a < 0, sp otherwise)
@@ -550,8 +551,6 @@ class MiscEngine(wiring.Component):
         m.d.comb += [k_pa.eq(Mux(el_v, el.kk, a.k_p)), k_na.eq(Mux(el_v, el.kk, a.k_n))]
         sh_p, rc_p = _shift_consts(m, k_pa, KMAX, RC_W, "kp")
         sh_n, rc_n = _shift_consts(m, k_na, KMAX, RC_W, "kn")
-        mul_n = Signal(14)                                # x256 of the rounding shift, x26 for leaky a < 0
-        m.d.comb += mul_n.eq(Mux(d_leaky, 26 * 256, 256))
         sc = a.sc
         hi7 = Signal(8)                                   # min(127, rhu(2^32 / 2^shift_cut)): hsigmoid
         m.d.comb += hi7.eq(Mux(sc <= 25, 127, Mux(sc <= 32, Const(128, 8) >> (sc - 25)[:3], Mux(sc == 33, 1, 0))))
@@ -561,7 +560,7 @@ class MiscEngine(wiring.Component):
                      y_hi.eq(Mux(el_v, 127, Mux(a.is7, hi7, Mux(a.relu6_a, 96, 127))))]
         return SimpleNamespace(el_v=el_v, d_m0=d_m0, d_m7=d_m7, d_max=d_max, d_prelu=d_prelu, d_is8=d_is8,
                                d_mult=d_mult, d_wconst=d_wconst, d_usec=d_usec, sh_p=sh_p, rc_p=rc_p,
-                               sh_n=sh_n, rc_n=rc_n, mul_n=mul_n, y_lo=y_lo, y_hi=y_hi)
+                               sh_n=sh_n, rc_n=rc_n, d_leaky=d_leaky, y_lo=y_lo, y_hi=y_hi)
 
     # ---- S0 -> S1 control
     def _s0_to_s1(self, m, st, a, alu, ei, ac, ec, s0, lc):
@@ -603,6 +602,11 @@ class MiscEngine(wiring.Component):
         dwd = self.dw_rd.data
         w16 = dwd[0:16].as_signed()
         prod = [[Signal(signed(24), name=f"prod{h}_{i}", reset_less=True) for i in range(CP)] for h in range(APP)]
+        # ELEW multiply (num = 2): the second input's step multiplies t1 = (x << 2) >> shift_read by t0, which
+        # the first step left in `prod` one cycle earlier (steps of one output line are consecutive), so the
+        # lane's one multiplier serves both (no second multiplier in S2; docs/rtl.md "MISC multipliers").
+        mk = Signal()
+        m.d.comb += mk.eq(lc.d_mult & ~s1.first)
         for h in range(APP):
             rdd = self.img_rd[h].data
             for i in range(CP):
@@ -610,11 +614,16 @@ class MiscEngine(wiring.Component):
                 padded = s1.rowpad[h] | s1.colpad | s1.mask[i]
                 xv = Mux(padded, a.pv, byte)
                 wb = _sext(dwd[8 * i: 8 * i + 8].as_signed(), 16)
-                wv = Mux(lc.d_is8, w16, Mux(lc.d_usec, lc.d_wconst, (wb * (1 + lc.d_m0))[:16].as_signed()))
+                wv = Mux(lc.d_is8, w16, Mux(lc.d_usec, lc.d_wconst, (wb + Mux(lc.d_m0, wb, 0))[:16].as_signed()))
                 # prelu / leakyrelu: x >= 0 passes (pads are 0 there)
                 wsel = Mux(lc.d_prelu & (padded | ~rdd[8 * i + 7]), 1, wv)
+                t1 = _sext((_sext(xv, 10) << 2) >> s1.psh, 10)          # |t| <= 508
+                op_a = Mux(mk, t1, _sext(xv, 10))
+                op_b = Mux(mk, _sext(prod[h][i][:10].as_signed(), 16), wsel)
+                pm = Signal(signed(26), name=f"pm{h}_{i}")
+                m.d.comb += pm.eq(op_a * op_b)
                 with m.If(s1.v):
-                    m.d.sync += prod[h][i].eq((xv * wsel) >> s1.psh)
+                    m.d.sync += prod[h][i].eq(Mux(mk, pm, pm >> s1.psh))
         return SimpleNamespace(v=s2_v, first=s2_first, last=s2_last, cv=s2_cv, oo=s2_oo, prod=prod)
 
     # ---- S2: accumulate
@@ -637,9 +646,8 @@ class MiscEngine(wiring.Component):
                 mb = Mux(s2.first, -128, a_)
                 mi = _sext(Mux(s2.cv, pr_, -128), ACC_W)
                 s_max = Mux(mi > mb, mi, mb)
-                s_mul = _sext(a_[:10].as_signed() * pr_[:10].as_signed(), ACC_W)
-                with m.If(s2.v):
-                    m.d.sync += a_.eq(Mux(lc.d_max, s_max, Mux(lc.d_mult & ~s2.first, s_mul, s_sum)))
+                with m.If(s2.v):      # ELEW multiply: S1 already formed t0 * t1
+                    m.d.sync += a_.eq(Mux(lc.d_max, s_max, Mux(lc.d_mult & ~s2.first, _sext(pr_, ACC_W), s_sum)))
         return SimpleNamespace(fin=s3_fin, oo=s3_oo, acc=acc)
 
     # ---- S3: rounding shift
@@ -655,9 +663,11 @@ class MiscEngine(wiring.Component):
             for i in range(CP):
                 av = s3.acc[h][i]
                 ng = av < 0
+                # x256 is a shift and leaky's x26 = 16 + 8 + 2 three shifted adds: no multiplier
+                av26 = (av << 4) + (av << 3) + (av << 1)
+                t = Mux(ng & lc.d_leaky, av26, _sext(av, ACC_W + 5))
                 with m.If(s3.fin):
-                    m.d.sync += vv[h][i].eq((av * Mux(ng, lc.mul_n, 256) + Mux(ng, lc.rc_n, lc.rc_p))
-                                            >> Mux(ng, lc.sh_n, lc.sh_p))
+                    m.d.sync += vv[h][i].eq(((t << 8) + Mux(ng, lc.rc_n, lc.rc_p)) >> Mux(ng, lc.sh_n, lc.sh_p))
         return SimpleNamespace(fin=s4_fin, oo=s4_oo, vv=vv)
 
     # ---- S4: activation and saturation as one clamp -> write registers
