@@ -38,11 +38,11 @@ MAX_TILE = 1 << 26
 KIND_NAMES = ("none", "bank_any", "bank_img", "reg", "mode_avg", "pad_start", "pad_end", "ddr_read",
               "ddr_write", "argmax_target", "argmax_ch", "noinit", "vpp", "kernel", "stride", "soi",
               "shift_bias", "act", "pass", "exec_mode", "alu_1x1", "kd", "elew_type", "elew_num", "elew_id",
-              "jump_bank", "legacy", "too_big")
+              "jump_bank", "legacy", "too_big", "stride_out")
 (E_NONE, E_BANK_ANY, E_BANK_IMG, E_REG, E_MODE_AVG, E_PAD_START, E_PAD_END, E_DDR_READ, E_DDR_WRITE,
  E_ARGMAX_TARGET, E_ARGMAX_CH, E_NOINIT, E_VPP, E_KERNEL, E_STRIDE, E_SOI, E_SHIFT_BIAS, E_ACT, E_PASS,
  E_EXEC_MODE, E_ALU_1X1, E_KD, E_ELEW_TYPE, E_ELEW_NUM, E_ELEW_ID, E_JUMP_BANK, E_LEGACY,
- E_TOO_BIG) = range(len(KIND_NAMES))
+ E_TOO_BIG, E_STRIDE_OUT) = range(len(KIND_NAMES))
 
 ACT_NAMES = {0: "none", 1: "ReLU", 3: "leaky ReLU", 4: "ReLU6"}
 
@@ -107,6 +107,8 @@ _MESSAGES: dict[int, Callable[[_Record], str]] = {
                       f"(allowed {r.lo}..{r.hi})"),
     E_KERNEL: lambda r: f"kernel size above the target limit (allowed {r.lo}..{r.hi})",
     E_STRIDE: lambda r: f"stride above the target limit (allowed {r.lo}..{r.hi})",
+    E_STRIDE_OUT: lambda r: (f"stride_out above the target limit (allowed {r.lo}..{r.hi}: spec §3.2 stride_out_h; "
+                             f"the bank write queue holds that many lines)"),
     E_SOI: lambda r: f"stride_offset_in must be smaller than stride_h (allowed {r.lo}..{r.hi})",
     E_SHIFT_BIAS: lambda r: f"shift_bias too large (allowed {r.lo}..{r.hi})",
     E_ACT: _act_message,
@@ -199,13 +201,13 @@ _LEGACY_OPS = tuple(OP_INDEX[n] for n in ("POOLINIT", "POOL", "DWINIT", "DPTWISE
     "const_value", "broadcast", "mode_avg", "pad_end", "pad_start", "ddr_addr")
 SV_BANK_ID, SV_JW, SV_ARGMAX, SV_LENGTH, SV_CHANNEL, SV_REG, SV_CONST_EN, SV_DDR = _cols(
     "SAVE", "bank_id", "jump_write", "argmax", "length", "channel", "reg_id", "const_en", "ddr_addr")
-CI_ACT, CI_SB, CI_SOI, CI_VPP, CI_KH, CI_SH, CI_KW, CI_SW = _cols(
+CI_ACT, CI_SB, CI_SOI, CI_VPP, CI_KH, CI_SH, CI_KW, CI_SW, CI_SO = _cols(
     "CONVINIT", "act_type", "shift_bias", "stride_offset_in", "valid_pixel_parallel", "kernel_h", "stride_h",
-    "kernel_w", "stride_w")
+    "kernel_w", "stride_w", "stride_out")
 CV_CG, CV_BIDI, CV_LEN, CV_BIDO = _cols("CONV", "channel_group", "bank_id_in", "length", "bank_id_out")
-AI_KW, AI_KH, AI_MODE, AI_SOI, AI_SW, AI_SH, AI_LEN, AI_CG, AI_SB, AI_ACT = _cols(
+AI_KW, AI_KH, AI_MODE, AI_SOI, AI_SW, AI_SH, AI_LEN, AI_CG, AI_SB, AI_ACT, AI_SO = _cols(
     "ALUINIT", "kernel_w", "kernel_h", "exec_mode", "stride_offset_in", "stride_w", "stride_h", "length",
-    "channel_group", "shift_bias", "act_type")
+    "channel_group", "shift_bias", "act_type", "stride_out")
 AL_BIDO, AL_BIDI, AL_VPP, AL_KD = _cols("ALU", "bank_id_out", "bank_id_in", "valid_pixel_parallel", "kernel_d")
 EI_BIDI, EI_ID, EI_JB = _cols("ELEWINIT", "bank_id_in", "id", "jump_bank")
 EW_LEN, EW_TYPE, EW_BIDO, EW_NUM, EW_VPP, EW_CG = _cols(
@@ -385,6 +387,7 @@ def check_program(prog, target: Target, reg_sizes: Mapping[int, int] | None) -> 
     f = fl[C]
     rec.put(C, f[:, CI_VPP] > pp, E_VPP, CI_VPP, f[:, CI_VPP], 1, pp, 0)
     _geometry(rec, C, f, CI_KH, CI_KW, CI_SH, CI_SW, CI_SOI, CI_SB, t.conv_kernel_max, t.conv_stride_max)
+    rec.put(C, f[:, CI_SO] > t.conv_stride_out_h_max, E_STRIDE_OUT, CI_SO, f[:, CI_SO], 1, t.conv_stride_out_h_max)
     rec.put(C, ~_act_ok(f[:, CI_ACT], t.conv_nonlinear), E_ACT, CI_ACT, f[:, CI_ACT], 0, 0, 0)
     A = rows[_ALUINIT]
     f = fl[A]
@@ -392,6 +395,7 @@ def check_program(prog, target: Target, reg_sizes: Mapping[int, int] | None) -> 
     mode_max = max(t.alu_exec_modes)
     rec.put(A, mode > mode_max, E_EXEC_MODE, AI_MODE, mode, 0, mode_max)
     _geometry(rec, A, f, AI_KH, AI_KW, AI_SH, AI_SW, AI_SOI, AI_SB, t.alu_kernel_max, t.alu_stride_max)
+    rec.put(A, f[:, AI_SO] > t.alu_stride_out_h_max, E_STRIDE_OUT, AI_SO, f[:, AI_SO], 1, t.alu_stride_out_h_max)
     rec.put(A, ~_act_ok(f[:, AI_ACT], t.alu_nonlinear), E_ACT, AI_ACT, f[:, AI_ACT], 0, 0, 1)
     m147 = (mode == 1) | (mode == 4) | (mode == 7)
     for c in (AI_KH, AI_KW, AI_SH, AI_SW):

@@ -582,6 +582,8 @@ def cmd_cosim(a) -> int:
     from opendpu.isa.target import get_target
     from opendpu.runtime.progress import progress_bar
     from opendpu.runtime.cosim import check_target_matches, cosim_programs, dump_waves, subgraph_program
+    if a.bank_conflicts and not a.random:
+        raise CliError("--bank-conflicts applies to --random programs only")
     if a.model and a.random:
         raise CliError(f"give either an xmodel ({a.model}) or --random N, not both")
     if not a.model and not a.random:
@@ -604,8 +606,9 @@ def cmd_cosim(a) -> int:
         t = t.with_timing(**tm) if tm else t
         n = a.instructions if a.instructions is not None else 60
         for i in range(a.random):
-            gp = random_program(t, n, seed=a.seed + i)
-            programs.append((f"random seed {a.seed + i} ({len(gp.instructions)} instructions)", gp.instructions,
+            gp = random_program(t, n, seed=a.seed + i, bank_conflicts=a.bank_conflicts)
+            kind = ", bank-conflict mode" if a.bank_conflicts else ""
+            programs.append((f"random seed {a.seed + i} ({len(gp.instructions)} instructions{kind})", gp.instructions,
                              gp.reg_sizes, gp.reg_init))
         groups = [(t, programs)]
     else:
@@ -1113,6 +1116,9 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--subgraph", help="only this DPU subgraph")
     cs.add_argument("--random", type=int_range(0, 10000), default=0, metavar="N",
                     help="N random programs (sim.progen) instead of an xmodel")
+    cs.add_argument("--bank-conflicts", action="store_true",
+                    help="random programs crowd their image accesses onto two banks of group 0, so the bank-port "
+                         "arbiter is exercised (docs/bank-ports.md)")
     cs.add_argument("--instructions", type=int_range(2, 100000), default=None,
                     help="about this many instructions per random program (default 60; a final SAVE and END "
                          "are added)")

@@ -42,6 +42,7 @@ class CosimReport:
     rtl_seconds: float = 0.0
     model_seconds: float = 0.0
     backend: str = "verilator"
+    bank_stalls: int = 0          # engine-cycles refused by the bank-port arbiter (RTL LSTALL..MSTALL sum)
 
     @property
     def ok(self) -> bool:
@@ -54,7 +55,8 @@ class CosimReport:
     def summary(self) -> str:
         head = (f"{self.name}: {self.instructions} instructions on {self.target} ({self.backend}): "
                 f"cycle model {self.model_cycles} cycles, RTL {self.rtl_cycles} cycles, "
-                f"{self.ddr_bytes} DDR bytes compared")
+                f"{self.ddr_bytes} DDR bytes compared"
+                + (f", {self.bank_stalls} bank-stall engine-cycles" if self.bank_stalls else ""))
         if self.ok:
             return head + " -- MATCH (every DDR byte, every start/end/retire cycle, counters)"
         lines = [head + f" -- {len(self.mismatches)} MISMATCH(ES)"]
@@ -104,7 +106,9 @@ def compare(name, target, instrs, sched, machine, res, backend="verilator") -> C
         if counters.get(k) != v:
             mm.append(Mismatch("counter", f"counter {k}: RTL {v} != cycle model {counters.get(k)}"))
     bank = {e: v["bank"] for e, v in sched.engine_stalls().items()}
-    for k, v in getattr(res, "bank_stalls", {}).items():      # LSTALL ... MSTALL, 32-bit RTL counters
+    rtl_stalls = getattr(res, "bank_stalls", {})
+    rep.bank_stalls = int(sum(rtl_stalls.values()))
+    for k, v in rtl_stalls.items():      # LSTALL ... MSTALL, 32-bit RTL counters
         want = bank.get(_STALL_ENGINE.get(k[0], ""), 0) & 0xFFFFFFFF
         if want != v:
             mm.append(Mismatch("counter", f"bank-stall counter {k}: RTL {v} != cycle model {want} "

@@ -43,14 +43,15 @@ STATE_VALID = MAX_FIELDS          # slot of conv_st / alu_st that flags "INIT se
 
 # ---- target constants ------------------------------------------------------------------------------
 (T_PP, T_CP, T_ALUPP, T_DEPTH, T_NIMG, T_CONVW, T_DWCONVW, T_BIAS, T_NBANKS, T_CVLK, T_DWLK, T_ARGMAX,
- T_CKMAX, T_CSMAX, T_AKMAX, T_ASMAX) = range(16)
-NTP = 16
+ T_CKMAX, T_CSMAX, T_AKMAX, T_ASMAX, T_CSOMAX, T_ASOMAX) = range(18)
+NTP = 18
 
 # ---- error kinds and the tile limit: isa.check owns them (it also builds the messages) ------------------
 from opendpu.isa.check import (  # noqa: E402,F401 - module constants the jitted code reads as compile-time values
     E_ACT, E_ALU_1X1, E_ARGMAX_CH, E_ARGMAX_TARGET, E_BANK_ANY, E_BANK_IMG, E_DDR_READ, E_DDR_WRITE, E_ELEW_ID,
     E_ELEW_NUM, E_ELEW_TYPE, E_EXEC_MODE, E_JUMP_BANK, E_KD, E_KERNEL, E_LEGACY, E_MODE_AVG, E_NOINIT, E_NONE,
-    E_PAD_END, E_PAD_START, E_PASS, E_REG, E_SHIFT_BIAS, E_SOI, E_STRIDE, E_TOO_BIG, E_VPP, MAX_TILE)
+    E_PAD_END, E_PAD_START, E_PASS, E_REG, E_SHIFT_BIAS, E_SOI, E_STRIDE, E_STRIDE_OUT, E_TOO_BIG, E_VPP,
+    MAX_TILE)
 
 
 def _c(op, name):
@@ -388,6 +389,9 @@ def _convinit(i, f, tp, conv_st, err):
     if not _init_geometry_ok(i, OP_CONVINIT, f, CI_KH, CI_KW, CI_SH, CI_SW, CI_SOI, CI_SB,
                              tp[T_CKMAX], tp[T_CSMAX], err):
         return
+    if f[CI_SO] > tp[T_CSOMAX]:
+        _fail(err, E_STRIDE_OUT, i, OP_CONVINIT, CI_SO, f[CI_SO], 1, tp[T_CSOMAX], 0)
+        return
     act = f[CI_ACT]
     if not (act == 0 or act == 1 or act == 4 or (act == 3 and tp[T_CVLK] != 0)):
         _fail(err, E_ACT, i, OP_CONVINIT, CI_ACT, act, 0, 0, 0)
@@ -543,6 +547,9 @@ def _aluinit(i, f, tp, alu_st, err):
         return
     if not _init_geometry_ok(i, OP_ALUINIT, f, AI_KH, AI_KW, AI_SH, AI_SW, AI_SOI, AI_SB,
                              tp[T_AKMAX], tp[T_ASMAX], err):
+        return
+    if f[AI_SO] > tp[T_ASOMAX]:
+        _fail(err, E_STRIDE_OUT, i, OP_ALUINIT, AI_SO, f[AI_SO], 1, tp[T_ASOMAX], 0)
         return
     act = f[AI_ACT]
     if not (act == 0 or act == 1 or act == 4 or (act == 3 and tp[T_DWLK] != 0)):

@@ -59,6 +59,8 @@ def _target_params(t: Target) -> np.ndarray:
     tp[K.T_CSMAX] = t.conv_stride_max
     tp[K.T_AKMAX] = t.alu_kernel_max
     tp[K.T_ASMAX] = t.alu_stride_max
+    tp[K.T_CSOMAX] = t.conv_stride_out_h_max
+    tp[K.T_ASOMAX] = t.alu_stride_out_h_max
     return tp
 
 

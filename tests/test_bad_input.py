@@ -774,6 +774,7 @@ COMBOS = [
     Case("ref_with_timing", RUN_REF + " --timing ddr_latency=80", must=["--timing", "ref"]),
     Case("ref_with_clock", RUN_REF + " --clock-mhz 200", must=["--clock-mhz", "ref"]),
     Case("cosim_model_and_random", "cosim {mnist} --random 2", must=["--random", "either"]),
+    Case("cosim_bank_conflicts_without_random", "cosim {mnist} --bank-conflicts", must=["--bank-conflicts", "--random"]),
     Case("two_inputs_for_one", RUN + " -i {x}", must=["quant_input_1"]),
     Case("npz_without_the_input", "run {mnist} -i {npz_wrong_key}", must=["quant_input_1"]),
     Case("npz_with_an_extra_array", "run {mnist} -i {npz_extra_key}", must=["bogus_array"]),

@@ -189,6 +189,8 @@ KIND_CASES = [
     ("kernel", B512, _prog(AI, raw={(0, "kernel_w"): 257})),                # beyond the 8-bit field
     ("stride", B512, _prog(ins("CONVINIT", stride_w=9))),
     ("stride", B512, _prog(AI, raw={(0, "stride_h"): 257})),
+    ("stride_out", B512, _prog(ins("CONVINIT", stride_out=5))),              # B512: stride_out_h 1-4
+    ("stride_out", B512, _prog(ins("ALUINIT", stride_out=16))),
     ("soi", B512, _prog(ins("CONVINIT", stride_offset_in=1))),
     ("soi", B512, _prog(ins("ALUINIT", stride_offset_in=3, stride_h=3))),
     ("shift_bias", B512, _prog(ins("ALUINIT", shift_bias=21))),
@@ -230,6 +232,7 @@ KIND_WORDS = {
     "alu_1x1": "requires kernel 1x1 and stride 1", "kd": "requires kernel_d 1", "elew_type": "elew_type",
     "elew_num": "needs exactly 2 inputs", "elew_id": "no ELEWINIT with id", "jump_bank": "jump_bank",
     "legacy": "is not usable on ISA1 targets", "too_big": "exceeds the emulator limit",
+    "stride_out": "stride_out above the target limit (allowed 1..4",
 }
 
 
