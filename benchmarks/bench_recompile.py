@@ -20,6 +20,7 @@ import numpy as np
 from opendpu.compiler.pipeline import compile as compile_graph
 from opendpu.compiler.xir.graph import Graph
 from opendpu.isa.target import PRESET_FINGERPRINTS, Target
+from opendpu.runtime.costmodel import cycle_model
 from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
 
 MODELS = {"dpu_mnist_classifier": "DPUCZDX8G_ISA1_B4096", "tf2_custom_op": "DPUCZDX8G_ISA1_B4096",
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
         path = os.path.join(a.models, name + ".xmodel")
         amd = Graph.load(path)
         t0 = time.time()
-        res = compile_graph(Graph.load(path), tname, recompile=True, **opts)
+        res = compile_graph(Graph.load(path), tname, recompile=True, cycles=cycle_model, **opts)
         tc = time.time() - t0
         ours = res.graph
         sa, so = dpu_subgraphs(amd), dpu_subgraphs(ours)
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
         path = os.path.join(a.models, "yolox_nano_b4096.xmodel")
         print(f"\nYOLOX-nano retargeted ({'target':22s} instructions, cycles, ms at 300 MHz)")
         for tn in PRESET_FINGERPRINTS:
-            res = compile_graph(Graph.load(path), tn, recompile=True, **opts)
+            res = compile_graph(Graph.load(path), tn, recompile=True, cycles=cycle_model, **opts)
             (go,) = dpu_subgraphs(res.graph)
             d = DpuSubgraph(res.graph, go)
             _, c, r, w = run(d, rand_inputs(d, 0))

@@ -213,6 +213,7 @@ class _Ctx:
     param_align: int = 1              # start of each parameter ring allocation (TOKEN_LINES with prefetch_layers)
     fuse_conv: bool = False           # a CONV consumer may be fused with its producer (_fused)
     cascade: bool = False             # large stride-1 max pools as cascades of 5x5 / 3x3 pools (_pool_cascade)
+    cycles: "Cycles | None" = None    # the cycle model (injected by the runtime); None: the compiler's own _schedule
 
     def temp(self, h: int, w: int, ch: int, fp: int) -> FMap:
         """A dense temporary feature map in the workspace."""
@@ -990,13 +991,39 @@ def _schedule(t: Target, ins: list[Instruction]) -> int:
     return total
 
 
-def _program_cost(t: Target, ins: list[Instruction], layer_of: list[int], prefetch: bool) -> int:
-    """`_schedule` of a scratch stream after the same order and token passes as `generate`."""
+# The cycle count of an instruction stream on a target: the compiler's own `_schedule`, or the real cycle model with
+# its bank-port arbitration (docs/bank-ports.md), which the compiler may not import: the runtime passes it in
+# (runtime/costmodel.py) through `generate(cycles=...)` / `compiler.compile(cycles=...)`.
+Cycles = Callable[[Target, list[Instruction]], int]
+
+
+def _program_cost(t: Target, ins: list[Instruction], layer_of: list[int], prefetch: bool,
+                  cycles: "Cycles | None" = None) -> int:
+    """`cycles` (default `_schedule`) of a scratch stream after the same order and token passes as `generate`."""
     keys = _footprint_keys(t, ins, _scratch_regs(ins))
     if prefetch:
         order = _prefetch_layers(ins, layer_of, keys)
         ins, keys = [ins[k] for k in order], [keys[k] for k in order]
-    return _schedule(t, _tokens(t, ins, True, keys) if any(x.op == "SAVE" for x in ins) else ins)
+    return _cycles(cycles, t, _tokens(t, ins, True, keys) if any(x.op == "SAVE" for x in ins) else ins)
+
+
+def _cycles(cycles: "Cycles | None", t: Target, ins: list[Instruction]) -> int:
+    """`cycles(t, ins)`, or `_schedule` when none is given or the cycle model refuses a scratch stream (a clear
+    OpenDpuError of its own, e.g. a stream cut before a layer's last token); the compiler then decides as before."""
+    if cycles is not None:
+        try:
+            return int(cycles(t, ins))
+        except OpenDpuError:
+            pass
+    return _schedule(t, ins)
+
+
+def _layer_cost(c: _Ctx, *steps: Callable[["_Ctx"], None]) -> int:
+    """Cycles of `steps` for a per-layer decision: with an injected cycle model (`c.cycles`), the tokened scratch
+    stream on it, bank-port conflicts included (issue 15); otherwise the busiest-engine estimate `_cost`."""
+    if c.cycles is not None:
+        return _sched_cost(c, *steps)
+    return _cost(c.target, *steps)
 
 
 def _scratch_regs(ins: list[Instruction]) -> dict[int, int]:
@@ -1032,7 +1059,7 @@ def _sched_cost(real: _Ctx, *steps: Callable[["_Ctx"], None]) -> int:
         c.s.layer = k
         step(c)
     c.s.add("END")
-    return _program_cost(t, c.s.ins, c.s.layer_of, real.param_align > 1)
+    return _program_cost(t, c.s.ins, c.s.layer_of, real.param_align > 1, real.cycles)
 
 
 def _choose_aug(c: _Ctx, job: "ConvJob") -> "ConvJob":
@@ -1044,7 +1071,7 @@ def _choose_aug(c: _Ctx, job: "ConvJob") -> "ConvJob":
         return job
     a = _aug_job(job)
     try:
-        faster = _cost(c.target, lambda k: _conv(k, a)) < _cost(c.target, lambda k: _conv(k, job))
+        faster = _layer_cost(c, lambda k: _conv(k, a)) < _layer_cost(c, lambda k: _conv(k, job))
     except CodegenError:
         return job
     return a if faster else job
@@ -1269,12 +1296,12 @@ def _try_fuse(c: _Ctx, pj: "ConvJob | AluJob", qj: "AluJob | ConvJob") -> bool:
     """Emit P and Q fused when that fits and the estimate says it is faster than P then Q through DDR."""
     t = c.target
     p_alone = (lambda k: _conv(k, pj)) if isinstance(pj, ConvJob) else (lambda k: _alu(k, pj))
-    cost: Callable[..., int] = _cost
-    if isinstance(qj, ConvJob):
-        # a CONV pair: the busiest-engine estimate misses what the split layers overlap (strip pipeline, prefetch
-        # across the two) and a fused pair in few strips does not; both forms are scheduled instead
-        def cost(t: Target, *steps: Callable[["_Ctx"], None]) -> int:
-            return _sched_cost(c, *steps)
+    # a CONV pair: the busiest-engine estimate misses what the split layers overlap (strip pipeline, prefetch
+    # across the two) and a fused pair in few strips does not; both forms are always scheduled
+    conv_pair = isinstance(qj, ConvJob)
+
+    def cost(t: Target, *steps: Callable[["_Ctx"], None]) -> int:
+        return _sched_cost(c, *steps) if conv_pair else _layer_cost(c, *steps)
     try:
         fused = cost(t, lambda k: _fused(k, pj, qj))
     except CodegenError:
@@ -1574,23 +1601,26 @@ class _Plan:
 def generate(graph: Graph, op_names: list[str], target: Target, name: str = "subgraph",
              log: Callable[[str], None] | None = None, channel_augmentation: bool = True,
              fuse: bool = True, exact_tokens: bool = True, pipeline: bool = True,
-             prefetch_layers: bool = True, fuse_conv: bool = False, pool_cascade: bool = True) -> DpuProgram:
+             prefetch_layers: bool = True, fuse_conv: bool = False, pool_cascade: bool = True,
+             cycles: "Cycles | None" = None) -> DpuProgram:
     """Compile the ops `op_names` of `graph` (one DPU subgraph) for `target` (module docstring).
     `channel_augmentation` lets convs with few input channels fold kw into the LOAD items, `fuse` lets a
     producer and its only (ALU) consumer share one superlayer with the intermediate on chip; each is taken per
     layer when the cost estimate says it is faster. `exact_tokens`, `pipeline` and `prefetch_layers` are the
     scheduling optimisations, `fuse_conv` lets a producer be fused with its only CONV consumer, `pool_cascade` runs
-    a large stride-1 max pool as a cascade of small ones (docs/compiler.md).
+    a large stride-1 max pool as a cascade of small ones (docs/compiler.md). `cycles` is the cycle model to decide
+    by (the runtime passes runtime.costmodel.cycle_model, which has the bank-port arbitration); None: the
+    compiler's own estimates.
 
     Where a CONV consumer Q could be fused either with its producer or with its own ALU consumer (a contested
     pair), the ALU pair is taken; when the subgraph has such a pair the program is also generated the other way
     and the one `_schedule` finds faster is kept."""
     args = (graph, op_names, target, name, channel_augmentation, fuse, exact_tokens, pipeline, prefetch_layers,
-            fuse_conv, pool_cascade)
+            fuse_conv, pool_cascade, cycles)
     prog, contested = _generate(*args, conv_first=False)
     if contested:
         alt, _ = _generate(*args, conv_first=True)
-        if _schedule(target, alt.instructions) < _schedule(target, prog.instructions):
+        if _cycles(cycles, target, alt.instructions) < _cycles(cycles, target, prog.instructions):
             prog = alt
     if log:
         st = prog.stats
@@ -1601,7 +1631,7 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
 
 def _generate(graph: Graph, op_names: list[str], target: Target, name: str, channel_augmentation: bool,
               fuse: bool, exact_tokens: bool, pipeline: bool, prefetch_layers: bool, fuse_conv: bool,
-              pool_cascade: bool, conv_first: bool) -> tuple[DpuProgram, bool]:
+              pool_cascade: bool, cycles: "Cycles | None", conv_first: bool) -> tuple[DpuProgram, bool]:
     """`generate` with the contested pairs decided one way (`conv_first`: producer + CONV consumer); also
     whether the subgraph has a contested pair."""
     contested = False
@@ -1626,6 +1656,7 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
     c.pipeline = pipeline
     c.fuse_conv = fuse_conv
     c.cascade = pool_cascade
+    c.cycles = cycles
     c.param_align = TOKEN_LINES if prefetch_layers else 1   # one layer's parameters share no key with the next's
     fm: dict[str, FMap] = {}
     dense = _dense
@@ -1942,7 +1973,7 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
         stages = _pool_cascade(op, win, x, mode, d)
         if stages and c.capture is None and c.cascade:
             job = AluJob(op.name, x, out, win, mode, full)
-            if _cost(c.target, _cascade_step(job, stages)) < _cost(c.target, lambda k: _alu(k, job)):
+            if _layer_cost(c, _cascade_step(job, stages)) < _layer_cost(c, lambda k: _alu(k, job)):
                 _cascade_step(job, stages)(c)
                 return
         _run(c, AluJob(op.name, x, out, win, mode, full))

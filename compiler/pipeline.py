@@ -147,6 +147,7 @@ class CompileContext:
     summary: str = ""                             # the last pass's one-line summary
     summaries: list[tuple[str, str]] = field(default_factory=list)
     log: Callable[[str], None] | None = None
+    cycles: Callable | None = None                # the cycle model the code generator decides by (codegen.Cycles)
 
     def say(self, line: str) -> None:
         if self.log is not None:
@@ -354,7 +355,8 @@ def p_codegen(ctx: CompileContext) -> CompileContext:
                                         pipeline=ctx.options.get("pipeline", True),
                                         prefetch_layers=ctx.options.get("prefetch_layers", True),
                                         fuse_conv=ctx.options.get("fuse_conv", False),
-                                        pool_cascade=ctx.options.get("pool_cascade", True))
+                                        pool_cascade=ctx.options.get("pool_cascade", True),
+                                        cycles=ctx.cycles)
     n = sum(len(p.instructions) for p in ctx.programs.values())
     ctx.summary = f"{len(ctx.programs)} DPU subgraph(s), {n} instructions"
     return ctx
@@ -429,13 +431,17 @@ def check_name(name: str) -> str:
 
 
 def compile(graph: Graph, target: "Target | str", *, name: str | None = None, recompile: bool = False,
-            dump_after=(), log: Callable[[str], None] | None = None, **options) -> CompileResult:
+            dump_after=(), log: Callable[[str], None] | None = None, cycles: Callable | None = None,
+            **options) -> CompileResult:
     """Compile a quantized XIR graph (the `*-fix` form `opendpu quantize` writes; with `recompile`, a compiled
-    xmodel) for `target` (a Target, preset name, fingerprint or arch.json path) with vai_c's `options`."""
+    xmodel) for `target` (a Target, preset name, fingerprint or arch.json path) with vai_c's `options`.
+    `cycles(target, instructions) -> int` is the cycle model the code generator decides by; the runtime passes
+    the real one (runtime.costmodel.cycle_model, bank-port conflicts included). None: the compiler's own
+    estimates (the compiler may not import sim)."""
     t = target if isinstance(target, Target) else get_target(target)
     opts = check_options(options)
     dumps = check_dump_after(dump_after)
-    ctx = CompileContext(graph, t, opts, check_name(name or graph.name), recompile, log=log)
+    ctx = CompileContext(graph, t, opts, check_name(name or graph.name), recompile, log=log, cycles=cycles)
     fpr = f"fingerprint 0x{t.fingerprint:016X}" if t.fingerprint is not None else "no fingerprint"
     ctx.say(f"Compile mode: dpu; target {t.name} ({fpr}); graph {graph.name!r} with "
             f"{len(graph.ops)} ops")

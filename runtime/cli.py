@@ -863,7 +863,9 @@ def cmd_compile(a) -> int:
     check_dir(a.output_dir, force=a.force, inputs=inputs, what="output directory (-o)")
     g = _load_graph(a.xmodel)
     check_graph(g, a.recompile, opts)
-    res = compile_graph(g, target, name=name, recompile=a.recompile, dump_after=dumps, log=print, **opts)
+    from opendpu.runtime.costmodel import cycle_model
+    res = compile_graph(g, target, name=name, recompile=a.recompile, dump_after=dumps, log=print, cycles=cycle_model,
+                        **opts)
     with DirOutput(a.output_dir, force=a.force, inputs=inputs, what="output directory (-o)") as tmp:
         res.write(tmp)
     print(format_coverage(res.meta["coverage"], target_label(target)))

@@ -104,6 +104,7 @@ def _compile_demo(res) -> bool:
     from opendpu.compiler.pipeline import compile as compile_graph
     from opendpu.compiler.xir.graph import Graph
     from opendpu.quant import zoo
+    from opendpu.runtime.costmodel import cycle_model
     from opendpu.runtime.runner import GraphRunner
     _, _, xte, yte = zoo.digits_data()
     q = Graph.deserialize(res.xmodel().serialize())
@@ -111,7 +112,7 @@ def _compile_demo(res) -> bool:
     ok = True
     compiled = {}
     for tname in ("DPUCZDX8G_ISA1_B512", "DPUCZDX8G_ISA1_B4096"):
-        cr = compile_graph(Graph.deserialize(q.serialize()), tname)
+        cr = compile_graph(Graph.deserialize(q.serialize()), tname, cycles=cycle_model)
         g = Graph.deserialize(cr.graph.serialize())
         compiled[tname] = g
         prog = next(iter(cr.programs.values()))
