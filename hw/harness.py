@@ -111,15 +111,28 @@ class _NoZeroMeminit:
         return False
 
 
-def export_verilog(target, path: str | Path | None = None, name: str = "dpu_core") -> str:
-    """Verilog of the core for `target` (preset name, fingerprint or Target); written to `path` if given."""
-    os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
-    from amaranth.back import verilog
-    from .core import DpuCore
+def export_verilog(target, path: str | Path | None = None, name: str = "dpu_core", cache: bool = True) -> str:
+    """Verilog of the core for `target` (preset name, fingerprint or Target); written to `path` if given.
+
+    The export takes from seconds (B512) to minutes (B4096), so the text is kept in
+    build/rtl/verilog/<key>.v, keyed like the builds (target, timing, the hw sources, the tool versions) and
+    the module name; `cache=False` always exports."""
     p = HwParams.of(target)
-    with _NoZeroMeminit():
-        text = verilog.convert(DpuCore(p), name=name, emit_src=False)
-    text = _zero_memories(_compact_inits(text))
+    cached = BUILD_ROOT / "verilog" / f"{_key(p, 'verilog', 0)}-{name}.v"
+    if cache and cached.exists():
+        text = cached.read_text()
+    else:
+        os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
+        from amaranth.back import verilog
+        from .core import DpuCore
+        with _NoZeroMeminit():
+            text = verilog.convert(DpuCore(p), name=name, emit_src=False)
+        text = _zero_memories(_compact_inits(text))
+        if cache:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, cached)              # atomic: parallel exporters never see half a file
     if path is not None:
         Path(path).write_text(text)
     return text

@@ -151,20 +151,48 @@ def test_mnist_on_b4096_rtl(mnist_path):
     assert rep.ok, rep.summary()
 
 
-def test_verilog_for_every_preset_and_lint(tmp_path):
+def _export_and_lint(names, tmp_path):
+    """Verilog of each target (exported, or from the export cache) passes `verilator --lint-only -Wall` without
+    an error and without a combinational loop."""
     from concurrent.futures import ProcessPoolExecutor
     from opendpu.hw.harness import export_verilog, tool_env, verilator_root
     with ProcessPoolExecutor(max_workers=2) as ex:
-        texts = list(ex.map(export_verilog, PRESETS, [tmp_path / f"{n}.v" for n in PRESETS]))
-    for name, v in zip(PRESETS, texts):
-        assert "module dpu_core" in v and (tmp_path / f"{name}.v").read_text() == v
+        texts = list(ex.map(export_verilog, names, [tmp_path / f"{n}.v" for n in names]))
     env = tool_env()
-    r = subprocess.run([str(verilator_root() / "bin" / "verilator"), "--lint-only", "-Wno-fatal", "-Wall",
-                        "--top-module", "dpu_core", str(tmp_path / "DPUCZDX8G_ISA1_B512.v")],
-                       env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "%Error" not in r.stderr
-    assert "UNOPTFLAT" not in r.stderr and "ALWCOMBORDER" not in r.stderr, r.stderr[-2000:]   # no comb. loop
+    for name, v in zip(names, texts):
+        assert "module dpu_core" in v and (tmp_path / f"{name}.v").read_text() == v
+        r = subprocess.run([str(verilator_root() / "bin" / "verilator"), "--lint-only", "-Wno-fatal", "-Wall",
+                            "--top-module", "dpu_core", str(tmp_path / f"{name}.v")],
+                           env=env, capture_output=True, text=True)
+        assert r.returncode == 0, (name, r.stderr[-2000:])
+        assert "%Error" not in r.stderr, name
+        assert "UNOPTFLAT" not in r.stderr and "ALWCOMBORDER" not in r.stderr, (name, r.stderr[-2000:])  # comb. loop
+
+
+def test_verilog_and_lint_b512_b800_b4096(tmp_path):
+    """CI: the smallest preset, one with a non-power-of-two bank width (CP 10) and the largest (whose export the
+    B4096 MNIST build above has cached); every preset in the slow test below."""
+    _export_and_lint(["DPUCZDX8G_ISA1_B512", "DPUCZDX8G_ISA1_B800", "DPUCZDX8G_ISA1_B4096"], tmp_path)
+
+
+@pytest.mark.slow
+def test_verilog_for_every_preset_and_lint(tmp_path):
+    _export_and_lint(list(PRESETS), tmp_path)
+
+
+def test_verilog_export_cache(tmp_path, monkeypatch):
+    """The export is cached by target and hw sources: a second export reads the file (no Amaranth run), an
+    uncached one gives the same text, and another timing (a different RTL constant) is another entry."""
+    from opendpu.hw import harness
+    monkeypatch.setattr(harness, "BUILD_ROOT", tmp_path)
+    a = harness.export_verilog(SMALL)
+    files = list((tmp_path / "verilog").glob("*.v"))
+    assert len(files) == 1 and files[0].read_text() == a
+    files[0].write_text(a + "// from the cache\n")
+    assert harness.export_verilog(SMALL).endswith("// from the cache\n")
+    assert harness.export_verilog(SMALL, cache=False) == a
+    harness.export_verilog(SMALL.with_timing(conv_latency=9))
+    assert len(list((tmp_path / "verilog").glob("*.v"))) == 2
 
 
 @pytest.mark.skipif(shutil.which("iverilog") is None, reason="Icarus Verilog (apt iverilog) not installed")
