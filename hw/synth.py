@@ -113,16 +113,17 @@ _CELL_OLD = re.compile(r"^\s+(\$?[A-Za-z_][\w$]*)\s+(\d+)\s*$")
 _CELL_NEW = re.compile(r"^\s+(\d+)\s+(?:[\d.]+\s+)?(\$?[A-Za-z_][\w$]*)\s*$")
 
 
-def parse_stat(text: str) -> dict[str, int]:
-    """Cell counts {type: n} of the last module in the text of Yosys `stat` (0.23 or 0.70 layout); the flow
-    flattens the design, so that is the whole design."""
+def parse_stat(text: str, all_modules: bool = False) -> dict[str, int]:
+    """Cell counts {type: n} of the last module in the text of Yosys `stat` (0.23 or 0.70 layout): with the
+    flattened design, the whole design. `all_modules`: the sum over every module block (a hierarchical design
+    whose modules are each instantiated once, as the core's engines are)."""
     parts = re.split(r"^=== (.*) ===$", text, flags=re.M)     # [pre, name1, body1, name2, body2, ...]
     blocks = [(parts[i], parts[i + 1]) for i in range(1, len(parts) - 1, 2) if parts[i] != "design hierarchy"]
     if not blocks:
         raise SynthError("no '=== module ===' block in the stat output")
-    body = blocks[-1][1]
+    bodies = [b for _, b in blocks] if all_modules else [blocks[-1][1]]
     cells: dict[str, int] = {}
-    for line in body.splitlines():
+    for line in "\n".join(bodies).splitlines():
         if re.search(r"\b(wires?|wire bits|memories|memory bits|processes|cells|ports|port bits|submodules)\b"
                      r"|Number of|Estimated|Chip area|^\s*\|", line):
             continue
@@ -229,14 +230,18 @@ def last_step(log: str) -> str:
 LTP_SELECTION = "w:* t:LUT* t:MUXF* t:CARRY* t:RAM32M* t:RAM64M* t:RAM*X1D t:RAM*X1S"
 
 
-def script(verilog: str, top: str, family: str = FAMILY, extra: str = "", mapped_only: bool = False) -> str:
+def script(verilog: str, top: str, family: str = FAMILY, extra: str = "", mapped_only: bool = False,
+           flatten: bool = True) -> str:
     """The Yosys script. `mapped_only` stops synth_xilinx before its `fine` step (`-run :fine`): DSPs and
     memories are mapped (exact DSP48E2 / RAMB counts and memory placement) but no LUT mapping is done, so
-    it is far cheaper on a large core and gives no LUT, FF or logic-depth figures."""
+    it is far cheaper on a large core and gives no LUT, FF or logic-depth figures. `flatten=False` keeps the
+    engines as modules: ABC maps each one alone (faster on a large core), no optimisation crosses an engine
+    boundary, and the logic depth is the longest path inside one module."""
     run = " -run :fine" if mapped_only else ""
+    flat = " -flatten" if flatten else ""
     return "\n".join([
         f"read_verilog {verilog}",
-        f"synth_xilinx -family {family} -top {top} -flatten -noiopad -noclkbuf{run} {extra}".rstrip(),
+        f"synth_xilinx -family {family} -top {top}{flat} -noiopad -noclkbuf{run} {extra}".rstrip(),
         "tee -q -o stat.txt stat -tech xilinx",
         "" if mapped_only else f"tee -q -o ltp.txt ltp -noff {LTP_SELECTION}",
         "",
@@ -333,7 +338,7 @@ def _read(p: Path) -> str:
 
 def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEOUT,
                   yosys: str | None = None, workdir: str | Path | None = None, progress=None,
-                  extra: str = "", mapped_only: bool = False) -> dict:
+                  extra: str = "", mapped_only: bool = False, flatten: bool = True) -> dict:
     """Synthesise Verilog text with top module `top`; the result dict of the module docstring (with
     `mapped_only`: lut, ff, logic_depth are None, see `script`)."""
     cmd = require_yosys(yosys)
@@ -345,14 +350,15 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
     (workdir / "design.v").write_text(verilog_text)
     sizes = verilog_memory_sizes(verilog_text)
     try:
-        run = run_yosys(cmd, script("design.v", top, family, extra, mapped_only), workdir, timeout, progress)
+        run = run_yosys(cmd, script("design.v", top, family, extra, mapped_only, flatten), workdir, timeout,
+                        progress)
     except SynthError as e:               # what memory_libmap decided is known once it has run
         mems = parse_memories(_read(workdir / "yosys.log"), sizes)
         if mems:
             e.partial.update(_memory_summary(mems))
         e.partial["yosys"] = version
         raise
-    cells = parse_stat(_read(workdir / "stat.txt"))
+    cells = parse_stat(_read(workdir / "stat.txt"), all_modules=not flatten)
     mems = parse_memories(run["log"], sizes)
     res = {"top": top, "family": family, "yosys": version}
     res.update(summarize_cells(cells))
@@ -361,6 +367,7 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
         res.update({k: None for k in ("lut", "lutram", "srl", "ff", "carry", "muxf")})
     res.update({
         "stage": "dsp+memory mapping only (-run :fine)" if mapped_only else "full",
+        "flatten": flatten,
         "logic_depth": None if mapped_only else parse_ltp(_read(workdir / "ltp.txt")),
         "logic_depth_carry": None if mapped_only else ltp_carry_cells(_read(workdir / "ltp.txt")),
         "seconds": round(run["seconds"], 2),
@@ -385,7 +392,8 @@ def synth_elaboratable(elab, name: str = "top", **kw) -> dict:
 
 
 def synth_target(target, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEOUT, yosys: str | None = None,
-                 workdir: str | Path | None = None, progress=None, mapped_only: bool = False) -> dict:
+                 workdir: str | Path | None = None, progress=None, mapped_only: bool = False,
+                 flatten: bool = True) -> dict:
     """Export the core for `target` (preset name, parametric name or Target) and synthesise it."""
     from opendpu.isa.target import get_target
 
@@ -400,7 +408,7 @@ def synth_target(target, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEO
     if progress:
         progress(f"  Verilog export {export_s:.1f} s, {len(text) / 1e6:.1f} MB")
     res = synth_verilog(text, "dpu_core", family=family, timeout=timeout, yosys=yosys, workdir=workdir,
-                        progress=progress, mapped_only=mapped_only)
+                        progress=progress, mapped_only=mapped_only, flatten=flatten)
     res["target"] = t.name
     res["export_seconds"] = round(export_s, 2)
     return res
@@ -452,10 +460,14 @@ def main(argv=None) -> int:
     ap.add_argument("--mapped-only", action="store_true",
                     help="stop before LUT mapping: exact DSP and block-RAM counts and memory mapping only (for cores "
                          "too large for a full run; no LUT / FF / logic depth)")
+    ap.add_argument("--no-flatten", action="store_true",
+                    help="keep the engines as modules (ABC maps each alone: faster on large cores; the logic depth "
+                         "is then per module)")
     a = ap.parse_args(argv)
     try:
         r = synth_target(a.target, family=a.family, timeout=a.timeout, yosys=a.yosys, workdir=a.workdir,
-                         progress=lambda s: print(s, flush=True), mapped_only=a.mapped_only)
+                         progress=lambda s: print(s, flush=True), mapped_only=a.mapped_only,
+                         flatten=not a.no_flatten)
     except SynthError as e:
         print(f"error: {e}", file=sys.stderr)
         if e.partial.get("memories"):

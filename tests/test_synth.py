@@ -100,6 +100,23 @@ def test_mapped_only_counts_dsp_and_block_ram_without_lut_mapping(tmp_path):
 
 
 @needs_yosys
+def test_hierarchical_synthesis_sums_every_module(tmp_path):
+    """flatten=False keeps the RAM as a module of its own: the totals are the sum of the module blocks."""
+    r = synth.synth_elaboratable(_ram_and_mul(), workdir=tmp_path, flatten=False)
+    assert "-flatten" not in (tmp_path / "synth.ys").read_text()
+    assert r["dsp"] == 1 and r["bram36"] == 1 and r["memories_in_ff"] == 0 and r["flatten"] is False
+    assert r["ff"] is not None and r["lut"] is not None
+
+
+def test_stat_parser_sums_module_blocks():
+    text = ("=== top ===\n   Number of cells: 3\n        2   FDRE\n        1   top_sub\n"
+            "=== top_sub ===\n   Number of cells: 2\n        1   DSP48E2\n        4   FDRE\n"
+            "=== design hierarchy ===\n        6   FDRE\n")
+    assert synth.parse_stat(text) == {"DSP48E2": 1, "FDRE": 4}
+    assert synth.parse_stat(text, all_modules=True) == {"FDRE": 6, "top_sub": 1, "DSP48E2": 1}
+
+
+@needs_yosys
 def test_timeout_kills_yosys(tmp_path):
     with pytest.raises(synth.SynthTimeout) as e:
         synth.synth_elaboratable(_ram(72, 512, 1, 1), workdir=tmp_path, timeout=0.01)
