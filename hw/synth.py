@@ -231,18 +231,16 @@ LTP_SELECTION = "w:* t:LUT* t:MUXF* t:CARRY* t:RAM32M* t:RAM64M* t:RAM*X1D t:RAM
 
 
 def script(verilog: str, top: str, family: str = FAMILY, extra: str = "", mapped_only: bool = False,
-           flatten: bool = True, pre: str = "") -> str:
+           flatten: bool = True) -> str:
     """The Yosys script. `mapped_only` stops synth_xilinx before its `fine` step (`-run :fine`): DSPs and
     memories are mapped (exact DSP48E2 / RAMB counts and memory placement) but no LUT mapping is done, so
     it is far cheaper on a large core and gives no LUT, FF or logic-depth figures. `flatten=False` keeps the
     engines as modules: ABC maps each one alone (faster on a large core), no optimisation crosses an engine
-    boundary, and the logic depth is the longest path inside one module. `pre`: commands between reading the
-    Verilog and synthesis (e.g. `blackbox` of a module synthesised by another run)."""
+    boundary, and the logic depth is the longest path inside one module."""
     run = " -run :fine" if mapped_only else ""
     flat = " -flatten" if flatten else ""
     return "\n".join([
         f"read_verilog {verilog}",
-        pre,
         f"synth_xilinx -family {family} -top {top}{flat} -noiopad -noclkbuf{run} {extra}".rstrip(),
         "tee -q -o stat.txt stat -tech xilinx",
         "" if mapped_only else f"tee -q -o ltp.txt ltp -noff {LTP_SELECTION}",
@@ -340,7 +338,7 @@ def _read(p: Path) -> str:
 
 def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEOUT,
                   yosys: str | None = None, workdir: str | Path | None = None, progress=None,
-                  extra: str = "", mapped_only: bool = False, flatten: bool = True, pre: str = "") -> dict:
+                  extra: str = "", mapped_only: bool = False, flatten: bool = True) -> dict:
     """Synthesise Verilog text with top module `top`; the result dict of the module docstring (with
     `mapped_only`: lut, ff, logic_depth are None, see `script`)."""
     cmd = require_yosys(yosys)
@@ -352,7 +350,7 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
     (workdir / "design.v").write_text(verilog_text)
     sizes = verilog_memory_sizes(verilog_text)
     try:
-        run = run_yosys(cmd, script("design.v", top, family, extra, mapped_only, flatten, pre), workdir, timeout,
+        run = run_yosys(cmd, script("design.v", top, family, extra, mapped_only, flatten), workdir, timeout,
                         progress)
     except SynthError as e:               # what memory_libmap decided is known once it has run
         mems = parse_memories(_read(workdir / "yosys.log"), sizes)
@@ -393,57 +391,9 @@ def synth_elaboratable(elab, name: str = "top", **kw) -> dict:
     return synth_verilog(verilog.convert(elab, name=name, emit_src=False), name, **kw)
 
 
-# The out-of-context split of `synth_target(parts=2)`: the bank array (its read routing, arbiter and write queues
-# are about half the core's logic) in one Yosys process, everything else with the bank array as a black box in the
-# other, both at once. Resources are the sums; the logic depth the longer of the two (a path through the
-# boundary is cut there, as in any out-of-context run).
-BANKS_MODULE = "dpu_core.banks"
-_SUM_KEYS = ("lut", "lutram", "srl", "ff", "latch", "carry", "muxf", "dsp", "ramb36", "ramb18", "bram36", "uram")
-
-
-def _combine(parts: list[dict]) -> dict:
-    """One result dict from the out-of-context runs (each a dict of synth_verilog)."""
-    res = dict(parts[0])
-    for k in _SUM_KEYS:
-        vals = [r.get(k) for r in parts]
-        res[k] = None if any(v is None for v in vals) else sum(vals)
-    cells: dict[str, int] = {}
-    for r in parts:
-        for c, n in r["cells"].items():
-            if c.replace("\\", "") != BANKS_MODULE:           # the black-box instance is not a cell
-                cells[c] = cells.get(c, 0) + n
-    res["cells"] = cells
-    res["other_cells"] = summarize_cells(cells)["other_cells"]
-    res.update(_memory_summary([m for r in parts for m in r["memories"]]))
-    depths = [r["logic_depth"] for r in parts if r["logic_depth"] is not None]
-    res["logic_depth"] = max(depths) if depths else None
-    deepest = max(parts, key=lambda r: r["logic_depth"] or 0)
-    res["logic_depth_carry"] = deepest["logic_depth_carry"]
-    res["seconds"] = max(r["seconds"] for r in parts)              # they run at the same time
-    res["peak_mb"] = sum(r["peak_mb"] for r in parts)              # and are resident at the same time
-    res["parts"] = [{"top": r["top"], "seconds": r["seconds"], "peak_mb": r["peak_mb"], "lut": r.get("lut"),
-                     "ff": r.get("ff"), "dsp": r["dsp"], "bram36": r["bram36"], "logic_depth": r["logic_depth"],
-                     "workdir": r["workdir"]} for r in parts]
-    res["top"] = "dpu_core"
-    return res
-
-
-def _synth_parts(text: str, *, workdir: Path, **kw) -> dict:
-    """The two out-of-context runs of BANKS_MODULE and the rest, in two threads (one Yosys process each)."""
-    from concurrent.futures import ThreadPoolExecutor
-    jobs = [(BANKS_MODULE, "", workdir / "banks"), ("dpu_core", f"blackbox {BANKS_MODULE}", workdir / "rest")]
-    progress = kw.pop("progress", None)
-    with ThreadPoolExecutor(max_workers=len(jobs)) as ex:
-        futs = [ex.submit(synth_verilog, text, top, workdir=wd, pre=pre,
-                          progress=(lambda m, n=wd.name: progress(f"[{n}] {m.strip()}")) if progress else None,
-                          **kw) for top, pre, wd in jobs]
-        parts = [f.result() for f in futs]
-    return _combine(parts)
-
-
 def synth_target(target, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEOUT, yosys: str | None = None,
                  workdir: str | Path | None = None, progress=None, mapped_only: bool = False,
-                 flatten: bool = True, parts: int = 1) -> dict:
+                 flatten: bool = True) -> dict:
     """Export the core for `target` (preset name, parametric name or Target) and synthesise it."""
     from opendpu.isa.target import get_target
 
@@ -457,15 +407,8 @@ def synth_target(target, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEO
     export_s = time.monotonic() - t0
     if progress:
         progress(f"  Verilog export {export_s:.1f} s, {len(text) / 1e6:.1f} MB")
-    if parts == 2:                  # out of context: bank array and the rest at once (two cores)
-        res = _synth_parts(text, family=family, timeout=timeout, yosys=yosys, workdir=Path(workdir),
-                           progress=progress, mapped_only=mapped_only, flatten=flatten)
-    elif parts == 1:
-        res = synth_verilog(text, "dpu_core", family=family, timeout=timeout, yosys=yosys, workdir=workdir,
-                            progress=progress, mapped_only=mapped_only, flatten=flatten)
-    else:
-        raise SynthError(f"parts must be 1 (whole core) or 2 (bank array and the rest), got {parts}")
-    res["parts_mode"] = parts
+    res = synth_verilog(text, "dpu_core", family=family, timeout=timeout, yosys=yosys, workdir=workdir,
+                        progress=progress, mapped_only=mapped_only, flatten=flatten)
     res["target"] = t.name
     res["export_seconds"] = round(export_s, 2)
     return res
@@ -517,9 +460,6 @@ def main(argv=None) -> int:
     ap.add_argument("--mapped-only", action="store_true",
                     help="stop before LUT mapping: exact DSP and block-RAM counts and memory mapping only (for cores "
                          "too large for a full run; no LUT / FF / logic depth)")
-    ap.add_argument("--parts", type=int, choices=(1, 2), default=1,
-                    help="2: synthesise the bank array and the rest out of context in two Yosys processes at once "
-                         "(two cores; resources summed, logic depth the longer)")
     ap.add_argument("--no-flatten", action="store_true",
                     help="keep the engines as modules (ABC maps each alone: faster on large cores; the logic depth "
                          "is then per module)")
@@ -527,7 +467,7 @@ def main(argv=None) -> int:
     try:
         r = synth_target(a.target, family=a.family, timeout=a.timeout, yosys=a.yosys, workdir=a.workdir,
                          progress=lambda s: print(s, flush=True), mapped_only=a.mapped_only,
-                         flatten=not a.no_flatten, parts=a.parts)
+                         flatten=not a.no_flatten)
     except SynthError as e:
         print(f"error: {e}", file=sys.stderr)
         if e.partial.get("memories"):

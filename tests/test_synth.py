@@ -108,19 +108,6 @@ def test_hierarchical_synthesis_sums_every_module(tmp_path):
     assert r["ff"] is not None and r["lut"] is not None
 
 
-@needs_yosys
-def test_out_of_context_parts_sum_to_the_whole(tmp_path, monkeypatch):
-    """The two-process split (a module in one run, the rest with it as a black box in the other) counts every
-    resource once: the RAM in the first part, the multiplier in the second, the black box in neither."""
-    from amaranth.back import verilog
-    monkeypatch.setattr(synth, "BANKS_MODULE", "dpu_core.ram")
-    text = verilog.convert(_ram_and_mul(), name="dpu_core", emit_src=False)
-    r = synth._synth_parts(text, workdir=tmp_path, timeout=600)
-    assert [(q["top"], q["dsp"], q["bram36"]) for q in r["parts"]] == [("dpu_core.ram", 0, 1), ("dpu_core", 1, 0)]
-    assert r["dsp"] == 1 and r["bram36"] == 1 and r["memories_in_ff"] == 0 and not r["other_cells"]
-    assert "blackbox dpu_core.ram" in (tmp_path / "rest" / "synth.ys").read_text()
-
-
 def test_stat_parser_sums_module_blocks():
     text = ("=== top ===\n   Number of cells: 3\n        2   FDRE\n        1   top_sub\n"
             "=== top_sub ===\n   Number of cells: 2\n        1   DSP48E2\n        4   FDRE\n"
