@@ -174,9 +174,9 @@ class BankArray(wiring.Component):
         datas = []
         for b in range(nimg):
             rp = self.mems[b].read_port(transparent_for=())
-            sel = [rh[b] & g for _, rh, g in rd_src]
+            sel = _named(m, [rh[b] & g for _, rh, g in rd_src], f"rd{b}_sel")
             m.d.comb += [rp.en.eq(_any(sel)),
-                         rp.addr.eq(_any(r.addr & s.replicate(ab) for (r, _, _), s in zip(rd_src, sel)))]
+                         rp.addr.eq(_any(Mux(s, r.addr, 0) for (r, _, _), s in zip(rd_src, sel)))]
             datas.append(rp.data)
 
         # per engine: the cycle after a granted cycle ("fresh") shows the port; else the hold register
@@ -235,13 +235,13 @@ class BankArray(wiring.Component):
                    + [(self.load_wr, load_wh[b], go_load, Const(0, 1))])
             slots = []
             for j in range(K):                       # slot j: the row of rank j of the granted writer
-                sel = [hit & g & (k == j) for _, hit, g, k in src]
+                sel = _named(m, [hit & g & (k == j) for _, hit, g, k in src], f"w{b}_s{j}_sel")
                 en = Signal(name=f"w{b}_s{j}_en")
                 addr = Signal(ab, name=f"w{b}_s{j}_addr")
                 data = Signal(W8, name=f"w{b}_s{j}_data")
                 m.d.comb += [en.eq(_any(sel)),
-                             addr.eq(_any(r.addr & s.replicate(ab) for (r, _, _, _), s in zip(src, sel))),
-                             data.eq(_any(r.data & s.replicate(W8) for (r, _, _, _), s in zip(src, sel)))]
+                             addr.eq(_any(Mux(s, r.addr, 0) for (r, _, _, _), s in zip(src, sel))),
+                             data.eq(_any(Mux(s, r.data, 0) for (r, _, _, _), s in zip(src, sel)))]
                 slots.append((en, addr, data))
             wp = self.mems[b].write_port()
             if qn == 0:
@@ -283,6 +283,17 @@ class BankArray(wiring.Component):
         deliver(rp.data, "conv", "conv_bias", self.conv_bias_rd.data)
         deliver(rp.data, "misc", "misc_bias", self.misc_bias_rd.data)
         return m
+
+
+def _named(m, exprs, prefix):
+    """Each select expression as a Signal of its own: used in several places, an expression would be emitted
+    again at every use (and once per bit under `replicate`), which bloats the Verilog and the simulator builds."""
+    out = []
+    for i, e in enumerate(exprs):
+        s = Signal(name=f"{prefix}{i}")
+        m.d.comb += s.eq(e)
+        out.append(s)
+    return out
 
 
 # ---- engine freeze -------------------------------------------------------------------------------
