@@ -37,8 +37,11 @@ IMEM_WORDS_LOG2 = 20          # 4 MiB of instructions
 TRACE_LOG2 = 16               # instructions per program with start/end/retire trace
 PAGE = 4096
 REG_GUARD = PAGE              # bytes between two registers' images in the flat DDR
-HW_SOURCES = ("params.py", "iface.py", "banks.py", "decode.py", "control.py", "core.py", "conv.py", "misc.py",
-              "loadsave.py", "harness.py")
+def _hw_sources() -> list[Path]:
+    """Every source the generated Verilog and bench depend on: all of hw/ and the isa package (field layouts,
+    opcodes and Target constants reach the RTL through hw/decode.py and hw/params.py)."""
+    hw = Path(__file__).parent
+    return sorted(hw.glob("*.py")) + sorted((hw.parent / "isa").glob("*.py"))
 
 
 def verilator_root() -> Path:
@@ -355,10 +358,9 @@ def _key(p: HwParams, backend: str, ddr_log2: int, trace: bool = False) -> str:
     h.update(repr((p.target.pp, p.target.cp, p.target.alu_pp, p.target.bank_depth, p.target.img_bg,
                    p.target.ld_augm, p.target.cv_lkrl, p.target.dw_lkrl, p.target.argmax, p.target.fingerprint,
                    sorted(p.t.to_dict().items()), backend, ddr_log2, trace)).encode())
-    for f in HW_SOURCES:
-        fp = Path(__file__).with_name(f)
-        if fp.exists():
-            h.update(fp.read_bytes())
+    for fp in _hw_sources():
+        h.update(fp.name.encode())
+        h.update(fp.read_bytes())
     from importlib.metadata import version
     for pkg in ("amaranth", "verilator", "cocotb"):
         try:

