@@ -63,6 +63,9 @@ TIMING_BOUNDS = {
     "init_cycles": (1, MAX_CYCLES),
     "end_cycles": (1, MAX_CYCLES),
     "watchdog_cycles": (1, MAX_CYCLES),
+    "board_ddr_mbps": (0, 1 << 24),
+    "ddr_efficiency_pct": (1, 100),
+    "frame_overhead_us": (0, 1 << 30),
 }
 
 
@@ -109,6 +112,12 @@ class Timing:
     init_cycles: int = 1            # CONVINIT / ALUINIT / ELEWINIT
     end_cycles: int = 1
     watchdog_cycles: int = 1 << 40  # a run longer than this is stopped and reported
+    # The board's DDR, shared by the `cores` cores: peak MB/s (0 = no board limit) and the share of it a DPU
+    # stream achieves. Only the multi-core contention model reads them (sim/multicore.py, docs/calibration.md);
+    # one core is bounded by its own ports above, in the cycle model and the RTL alike.
+    board_ddr_mbps: int = 0
+    ddr_efficiency_pct: int = 100
+    frame_overhead_us: int = 0      # host time per DPU run (VART job submission, cache maintenance, interrupt)
 
     def __post_init__(self):
         for k, v in list(self.__dict__.items()):

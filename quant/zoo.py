@@ -13,9 +13,10 @@ from onnx import TensorProto, helper, numpy_helper
 from opendpu.quant.onnx_in import QuantError
 
 OPSET = 17
-NAMES = ("resnet18", "resnet50", "mobilenet_v1", "mobilenet_v2", "squeezenet", "inception_v1", "tiny_yolo")
-DEFAULT_SIZE = {"resnet18": 224, "resnet50": 224, "mobilenet_v1": 224, "mobilenet_v2": 224, "squeezenet": 224,
-                "inception_v1": 224, "tiny_yolo": 416}
+NAMES = ("resnet18", "resnet50", "resnet50_caffe", "mobilenet_v1", "mobilenet_v2", "squeezenet", "inception_v1",
+         "tiny_yolo", "tiny_yolo_v2")
+DEFAULT_SIZE = {"resnet18": 224, "resnet50": 224, "resnet50_caffe": 224, "mobilenet_v1": 224, "mobilenet_v2": 224,
+                "squeezenet": 224, "inception_v1": 224, "tiny_yolo": 416, "tiny_yolo_v2": 416}
 DIGITS_ONNX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "digits_cnn.onnx")
 
 # Published compute and size of each model at its default input size. "macs" are multiply-accumulates
@@ -36,6 +37,10 @@ PUBLISHED: dict[str, dict] = {
                  "vitis_ai": "cf_resnet18_imagenet_224_224_3.65G"},
     "resnet50": {"macs": 4_089_000_000, "params": 25_557_032, "source": "torchvision ResNet50_Weights.IMAGENET1K_V1",
                  "vitis_ai": "pt_resnet50_imagenet_224_224_8.2G"},
+    "resnet50_caffe": {"macs": 3_860_000_000, "params": 25_557_032,
+                       "source": "He et al. 2015 (arXiv:1512.03385, Table 1: 3.8e9 multiply-adds); PG338's "
+                                 "ResNet50 (7.7 GOPs) and UG1414's vaitrace table (Figure 37, the layer names)",
+                       "vitis_ai": "cf_resnet50_imagenet_224_224_7.7G"},
     "mobilenet_v1": {"macs": 569_000_000, "params": 4_200_000, "source": "Howard et al. 2017 (arXiv:1704.04861)",
                      "vitis_ai": "tf_mobilenetv1_1.0_imagenet_224_224_1.14G"},
     "mobilenet_v2": {"macs": 301_000_000, "params": 3_504_872,
@@ -48,6 +53,11 @@ PUBLISHED: dict[str, dict] = {
     "tiny_yolo": {"macs": 2_780_000_000, "params": 8_850_000,
                   "source": "darknet yolov3-tiny 5.56 BFLOPs; Hailo model zoo tiny_yolov3 8.85 M params",
                   "vitis_ai": "dk_tiny-yolov3_416_416_5.46G"},
+    "tiny_yolo_v2": {"macs": 3_485_000_000, "params": 15_861_773,
+                     "source": "darknet tiny-yolo-voc.cfg: 6.97 BFLOPs at 416 (darknet counts 2*MACs), PG338's "
+                               "Tiny-YOLO (6.97 GOPs); params counted by hand from the cfg: conv weights "
+                               "15,855,536 + BN 6,112 + detection bias 125",
+                     "vitis_ai": "PG338 Tiny-YOLO 6.97G"},
 }
 for _p in PUBLISHED.values():
     _p["gops"] = 2 * _p["macs"] / 1e9
@@ -173,6 +183,35 @@ def _resnet(b: _Builder, x: str, bottleneck: bool, layers: tuple[int, ...]) -> s
     return b.head(x, cin)
 
 
+def _resnet50_caffe(b: _Builder, x: str) -> str:
+    """The original (Caffe) ResNet-50: the stride of a stage's first block sits on its 1x1 branch2a and branch1
+    convolutions, not on the 3x3; nodes carry the Caffe prototxt names (conv1, res2a_branch2a, ..., res2a, pool5,
+    fc1000), the names of UG1414's vaitrace ResNet-50 table. Pool1 pads 1 where Caffe uses ceil mode: same shape."""
+    x = b.conv_bn(x, 3, 64, 7, "", stride=2, pad=3, gain=1.0, conv_name="conv1", bn_name="bn_conv1",
+                  act_name="conv1_relu")
+    x = b.maxpool(x, "pool1", 3, 2, (1, 1, 1, 1))
+    cin, res_gamma = 64, (0.2, 0.5)
+    for stage, (n, width) in enumerate(zip((3, 4, 6, 3), (64, 128, 256, 512)), 2):
+        for bi in range(n):
+            p, s, cout = f"res{stage}{'abcdef'[bi]}", (2 if stage > 2 and bi == 0 else 1), width * 4
+            y = b.conv_bn(x, cin, width, 1, p, stride=s, conv_name=p + "_branch2a", bn_name=f"bn{p[3:]}_branch2a",
+                          act_name=p + "_branch2a_relu")
+            y = b.conv_bn(y, width, width, 3, p, conv_name=p + "_branch2b", bn_name=f"bn{p[3:]}_branch2b",
+                          act_name=p + "_branch2b_relu")
+            y = b.conv_bn(y, width, cout, 1, p, act=None, gamma=res_gamma, conv_name=p + "_branch2c",
+                          bn_name=f"bn{p[3:]}_branch2c")
+            if bi == 0:
+                x = b.conv_bn(x, cin, cout, 1, p, act=None, stride=s, conv_name=p + "_branch1",
+                              bn_name=f"bn{p[3:]}_branch1")
+            x = b.relu(b.node("Add", [x, y], p), p + "_relu")
+            cin = cout
+    x = b.node("GlobalAveragePool", [x], "pool5")
+    x = b.node("Flatten", [x], "flatten", axis=1)
+    w = b.init("fc1000.weight", b.rng.standard_normal((1000, cin)) * math.sqrt(1.0 / cin))
+    return b.node("Gemm", [x, w, b.init("fc1000.bias", b.rng.uniform(-0.1, 0.1, 1000))], "fc1000", "output",
+                  transB=1)
+
+
 def _mobilenet_v1(b: _Builder, x: str):
     x = b.conv_bn(x, 3, 32, 3, "features.0", stride=2, gain=1.0)
     cfg = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2)] + [(512, 1)] * 5 + [(1024, 2), (1024, 1)]
@@ -286,14 +325,31 @@ def _tiny_yolo(b: _Builder, x: str, ncls: int = 80):
     return ["output0", "output1"]
 
 
+def _tiny_yolo_v2(b: _Builder, x: str, ncls: int = 20):
+    """darknet tiny-yolo-voc (YOLOv2 tiny, VOC head: 5 anchors x (20 + 5)): nine 3x3 conv-BN-leaky layers with
+    six max pools (the last with stride 1), and a 1x1 detection conv; one output grid at 1/32 of the input."""
+    cin = 3
+    for i, cout in enumerate((16, 32, 64, 128, 256, 512)):
+        x = b.conv_bn(x, cin, cout, 3, f"layer{2 * i}", act="leaky", gain=1.0 if i == 0 else 2.0)
+        x = b.maxpool(x, f"layer{2 * i + 1}.maxpool", 2, 2) if i < 5 else \
+            b.maxpool(x, "layer11.maxpool", 2, 1, (0, 0, 1, 1))
+        cin = cout
+    x = b.conv_bn(x, 512, 1024, 3, "layer12", act="leaky")
+    x = b.conv_bn(x, 1024, 1024, 3, "layer13", act="leaky")
+    b.conv(x, 1024, 5 * (ncls + 5), 1, "layer14.conv", bias=True, output="output")
+    return ["output"]
+
+
 _BUILDERS = {
     "resnet18": lambda b, x: _resnet(b, x, False, (2, 2, 2, 2)),
     "resnet50": lambda b, x: _resnet(b, x, True, (3, 4, 6, 3)),
+    "resnet50_caffe": _resnet50_caffe,
     "mobilenet_v1": _mobilenet_v1,
     "mobilenet_v2": _mobilenet_v2,
     "squeezenet": _squeezenet,
     "inception_v1": _inception_v1,
     "tiny_yolo": _tiny_yolo,
+    "tiny_yolo_v2": _tiny_yolo_v2,
 }
 
 
@@ -316,8 +372,8 @@ def build(name: str, input_size: int | None = None, seed: int = 0) -> onnx.Model
         raise QuantError(f"unknown zoo model {name!r}; allowed names: {', '.join(NAMES)}")
     size = DEFAULT_SIZE[name] if input_size is None else _check_size(input_size)
     b = _Builder(np.random.default_rng(seed))
-    _BUILDERS[name](b, "input")
-    outs = ["output0", "output1"] if name == "tiny_yolo" else ["output"]
+    outs = _BUILDERS[name](b, "input")
+    outs = [outs] if isinstance(outs, str) else outs
     graph = helper.make_graph(
         b.nodes, name, [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
         [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], initializer=b.inits)

@@ -11,7 +11,15 @@ from onnx import TensorProto, helper, numpy_helper
 
 from opendpu.quant import zoo
 
-CLASSIFIERS = tuple(n for n in zoo.NAMES if n != "tiny_yolo")
+CLASSIFIERS = tuple(n for n in zoo.NAMES if not n.startswith("tiny_yolo"))
+
+
+def _out_shapes(name, size):
+    if name == "tiny_yolo":
+        return [(1, 255, size // 32, size // 32), (1, 255, size // 16, size // 16)]
+    if name == "tiny_yolo_v2":
+        return [(1, 125, size // 32, size // 32)]
+    return [(1, 1000)]
 
 
 def _run(model, x):
@@ -32,6 +40,8 @@ def test_default_size_valid_and_matches_published(name):
     assert [i.name for i in m.graph.input] == ["input"]
     assert [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [1, 3, size, size]
     assert [o.name for o in m.graph.output] == (["output0", "output1"] if name == "tiny_yolo" else ["output"])
+    assert [tuple(d.dim_value for d in o.type.tensor_type.shape.dim) for o in m.graph.output] == \
+        _out_shapes(name, size)
     names = [n.name for n in m.graph.node]
     assert all(names) and len(set(names)) == len(names)
     c, pub = zoo.count(m), zoo.PUBLISHED[name]
@@ -42,13 +52,12 @@ def test_default_size_valid_and_matches_published(name):
 
 @pytest.mark.parametrize("name", zoo.NAMES)
 def test_small_sizes_run_in_onnxruntime(name):
-    for size in ((64, 96) if name == "tiny_yolo" else (32, 64)):
+    for size in ((64, 96) if name.startswith("tiny_yolo") else (32, 64)):
         m = zoo.build(name, size)
         onnx.checker.check_model(m)
         x = np.random.default_rng(size).standard_normal((1, 3, size, size)).astype(np.float32)
         outs = _run(m, x)
-        want = ([(1, 255, size // 32, size // 32), (1, 255, size // 16, size // 16)] if name == "tiny_yolo"
-                else [(1, 1000)])
+        want = _out_shapes(name, size)
         assert [o.shape for o in outs] == want
         for o, vi in zip(outs, m.graph.output):
             assert list(o.shape) == [d.dim_value for d in vi.type.tensor_type.shape.dim]
@@ -72,6 +81,12 @@ def test_structure():
         assert ("BatchNormalization" in ops) == (n != "squeezenet")
     assert _ops(m["resnet18"]).count("Add") == 8 and _ops(m["resnet50"]).count("Add") == 16
     assert sum(nd.name.endswith("downsample.0") for nd in m["resnet50"].graph.node) == 4
+    # Caffe ResNet-50: the stride sits on the 1x1 branch2a / branch1 of res3a, res4a, res5a, never on a 3x3
+    strided = sorted(nd.name for nd in m["resnet50_caffe"].graph.node if nd.op_type == "Conv" and nd.name != "conv1"
+                     and helper.get_attribute_value(next(a for a in nd.attribute if a.name == "strides")) == [2, 2])
+    assert strided == [f"res{s}a_{br}" for s in (3, 4, 5) for br in ("branch1", "branch2a")]
+    assert _ops(m["resnet50_caffe"]).count("Add") == 16
+    assert [nd.op_type for nd in m["tiny_yolo_v2"].graph.node].count("MaxPool") == 6
     dw = [nd for nd in m["mobilenet_v1"].graph.node if nd.op_type == "Conv"
           and helper.get_attribute_value(next(a for a in nd.attribute if a.name == "group")) > 1]
     assert len(dw) == 13

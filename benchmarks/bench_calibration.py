@@ -1,0 +1,122 @@
+"""Calibration of the cycle model against published silicon figures (issue 16, docs/calibration.md).
+
+Table 1: UG1414's vaitrace ResNet-50 table (Figure 37) beside our profile of the zoo's Caffe ResNet-50 compiled for
+B4096, row by row (runtime/calibration.py groups our layers onto AMD's rows), at the board's clock, with the fitted
+per-row launch overhead of vaitrace's fine-grained mode; RT within 25 %, total RT, LdWB within 5 %.
+Table 2: the RT error over a grid of global timing parameters (fit: never one parameter per layer).
+Table 3: PG338's fps table beside the fps of our compiled zoo models on the board's cores (sim/multicore.py).
+
+Models are the zoo's float ONNX with deterministic random weights (timing does not depend on weights), quantized with
+4 random calibration images; nothing is downloaded.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))         # tests/compile_helpers.py
+
+from compile_helpers import quantized  # noqa: E402
+from opendpu.compiler.pipeline import compile as compile_graph  # noqa: E402
+from opendpu.isa.boards import BOARDS, get_board  # noqa: E402
+from opendpu.quant import zoo  # noqa: E402
+from opendpu.runtime import calibration as cal  # noqa: E402
+from opendpu.runtime.costmodel import cycle_model  # noqa: E402
+from opendpu.runtime.profile import profile_graph  # noqa: E402
+from opendpu.sim.multicore import throughput  # noqa: E402
+
+
+def compiled(name: str, target):
+    t0 = time.perf_counter()
+    res = compile_graph(quantized(name, zoo.DEFAULT_SIZE[name]), target, name=name, cycles=cycle_model)
+    return res.graph, time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--board", default="zcu102", choices=sorted(BOARDS), help="board profile (default %(default)s)")
+    ap.add_argument("--no-grid", action="store_true", help="skip table 2")
+    ap.add_argument("--no-pg338", action="store_true", help="skip table 3")
+    ap.add_argument("--json", metavar="OUT.json", help="also write the figures as JSON")
+    a = ap.parse_args()
+    board = get_board(a.board)
+    t = board.target()
+    out: dict = {"board": board.name, "timing": t.timing.to_dict()}
+    print(f"board {board.name}: {board.cores} x {board.arch} at {board.clock_mhz:g} MHz, DDR {board.ddr_mbps} MB/s "
+          f"x {t.timing.ddr_efficiency_pct} % ({board.source})\n")
+
+    g, sec = compiled("resnet50_caffe", t)
+    cmp = cal.compare_resnet50(profile_graph(g, target=t).rows())
+    ov = cal.best_overhead(cmp)
+    fitted = cal.with_overhead(cmp, ov)
+    print(f"Table 1: UG1414 vaitrace ResNet-50 vs our resnet50_caffe on B4096 (compiled in {sec:.1f} s), "
+          f"per-row overhead {ov * 1e3:.0f} us (fitted)")
+    print(cal.format_comparison(fitted))
+    out["resnet50"] = {"overhead_ms": ov, "score": cal.score(fitted), "score_no_overhead": cal.score(cmp),
+                       "rows": [dict(c.__dict__, rt_ratio=c.rt_ratio, ldwb_ok=c.ldwb_ok) for c in fitted]}
+
+    if not a.no_grid:
+        print("\nTable 2: global timing parameters (each with its best per-row overhead)")
+        print(f"{'ddr_latency':>11s} {'conv_latency':>12s} {'load_setup':>10s} {'overhead us':>11s} "
+              f"{'RT in 25 %':>10s} {'total RT':>8s} {'mean|ln|':>8s}")
+        grid = []
+        for lat, cl, ls in itertools.product((30, 60, 120), (8, 16, 64), (4, 32)):
+            tt = t.with_timing(ddr_latency=lat, conv_latency=cl, load_setup=ls)
+            c = cal.compare_resnet50(profile_graph(g, target=tt).rows())
+            o = cal.best_overhead(c)
+            s = cal.score(cal.with_overhead(c, o))
+            grid.append({"ddr_latency": lat, "conv_latency": cl, "load_setup": ls, "overhead_ms": o, **s})
+            print(f"{lat:11d} {cl:12d} {ls:10d} {o * 1e3:11.0f} {s['rt_within']:4d}/{s['rows']:<5d} "
+                  f"{s['total_rt_err_pct']:+7.1f}% {s['mean_abs_log_rt']:8.3f}", flush=True)
+        out["grid"] = grid
+
+    if not a.no_pg338:
+        print(f"\nTable 3: PG338 fps vs ours on {board.name} ({board.cores} cores; sim/multicore.py: host overhead "
+              f"{t.timing.frame_overhead_us} us per DPU run, DDR {t.timing.ddr_efficiency_pct} % of "
+              f"{t.timing.board_ddr_mbps} MB/s)")
+        runs = []
+        for pname, (gops, fps) in cal.PG338_FPS.items():
+            zname = cal.PG338_ZOO[pname]
+            if zname is None:
+                runs.append((pname, gops, fps, None, None))
+                continue
+            gz, sec = (g, 0.0) if zname == "resnet50_caffe" else compiled(zname, t)
+            prof = profile_graph(gz, target=t)
+            sub = prof.rows(layers=False)
+            nbytes = int(sum(r["ldwb_mb"] + r["ldfm_mb"] + r["stfm_mb"] for r in sub) * cal.MB)
+            runs.append((pname, gops, fps, zname, (prof.total_cycles, nbytes, len(prof.subgraphs),
+                                                   sum(r["wl_gop"] for r in sub))))
+        measured = [(c[0], c[1], c[2], fps) for _, _, fps, z, c in runs if z]
+        fit = cal.fit_frame_overhead(measured, t)
+        print(f"fitted host overhead per DPU run: {fit} us (the board profile uses {t.timing.frame_overhead_us} us)")
+        print(f"{'PG338 model':16s} {'GOPs':>6s} {'fps':>6s} {'zoo model':15s} {'GOPs':>6s} {'DPU ms':>7s} "
+              f"{'MB/frame':>8s} {'fps, no host':>12s} {'fps ours':>8s} {'DDR-bound':>9s} {'error':>7s}")
+        rows = []
+        for pname, gops, fps, zname, c in runs:
+            if zname is None:
+                print(f"{pname:16s} {gops:6.3g} {fps:6.0f} {'(not built)':15s}")
+                rows.append({"pg338": pname, "gops": gops, "fps": fps, "zoo": None})
+                continue
+            cyc, nbytes, nrun, zg = c
+            bare = throughput(cyc, nbytes, t.with_timing(frame_overhead_us=0), runs=nrun)
+            tp = throughput(cyc, nbytes, t, runs=nrun)
+            err = 100.0 * (tp.fps / fps - 1)
+            print(f"{pname:16s} {gops:6.3g} {fps:6.0f} {zname:15s} {zg:6.3g} {cyc / (t.timing.clock_mhz * 1e3):7.3f} "
+                  f"{nbytes / 1e6:8.2f} {bare.fps:12.1f} {tp.fps:8.1f} {str(tp.ddr_bound):>9s} {err:+6.1f}%")
+            rows.append({"pg338": pname, "gops": gops, "fps": fps, "zoo": zname, "zoo_gops": zg,
+                         "fps_no_host": bare.fps, **tp.to_dict(), "error_pct": err})
+        out["pg338"] = {"fitted_overhead_us": fit, "rows": rows}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+        print(f"\nwrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

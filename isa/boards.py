@@ -1,0 +1,57 @@
+"""Board profiles: the DPU configuration of a board's reference design (arch, cores, clock) and its DDR.
+
+`--board NAME` sets `Target.timing` clock_mhz, cores, board_ddr_mbps and ddr_efficiency_pct (docs/calibration.md
+gives the sources and the fitted efficiency). A board names an arch preset, which a compiled model must match.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .target import Target, TargetError, get_target
+
+# Share of the board's peak DDR bandwidth that the DPU cores' streams achieve together (DDR4 controller,
+# refresh, read/write turnaround). An assumption: no PG338 model is DDR-bound above 54 %, so the table cannot fix
+# it (docs/calibration.md).
+DDR_EFFICIENCY_PCT = 70
+# Host time per DPU run on the boards' Cortex-A53 (VART job submission, cache maintenance of the input and output
+# buffers, completion interrupt): fitted on PG338's fps table (docs/calibration.md, benchmarks/bench_calibration.py).
+FRAME_OVERHEAD_US = 1000
+
+
+@dataclass(frozen=True)
+class Board:
+    name: str
+    arch: str               # preset of the reference design's DPU
+    cores: int
+    clock_mhz: float
+    ddr_mbps: int           # peak bandwidth of the PS DDR the cores share (bus width x transfer rate)
+    source: str
+
+    def target(self, base: Target | str | None = None) -> Target:
+        """The board's Target: `base` (default: the board's arch preset) with the board's timing. A base of
+        another arch is refused: the board's DPU is that arch."""
+        t = get_target(base if base is not None else self.arch)
+        if t.fingerprint != get_target(self.arch).fingerprint:
+            raise TargetError(f"board {self.name} has a {self.arch} DPU; the target {t.name} is another arch")
+        return t.with_timing(clock_mhz=self.clock_mhz, cores=self.cores, board_ddr_mbps=self.ddr_mbps,
+                             ddr_efficiency_pct=DDR_EFFICIENCY_PCT, frame_overhead_us=FRAME_OVERHEAD_US)
+
+
+BOARDS: dict[str, Board] = {b.name: b for b in (
+    Board("zcu102", "DPUCZDX8G_ISA1_B4096", 3, 281.0, 19200,
+          "PG338/UG1354 reference design 3 x B4096 at 281 MHz; PS DDR4 64-bit at 2400 MT/s, the PS "
+          "controller's maximum (DS925)"),
+    Board("zcu104", "DPUCZDX8G_ISA1_B4096", 2, 300.0, 19200,
+          "UG1354 reference design 2 x B4096 at 300 MHz; PS DDR4 64-bit at 2400 MT/s (DS925)"),
+    Board("kv260", "DPUCZDX8G_ISA1_B4096", 1, 300.0, 19200,
+          "Vitis AI KV260 DPU design 1 x B4096 at 300 MHz; K26 SOM DDR4 64-bit at 2400 MT/s (DS987, DS925)"),
+    Board("kr260", "DPUCZDX8G_ISA1_B4096", 1, 300.0, 19200,
+          "same K26 SOM and DPU design as the KV260 (DS987)"),
+)}
+
+
+def get_board(name: str) -> Board:
+    b = BOARDS.get(str(name).lower())
+    if b is None:
+        raise TargetError(f"unknown board {name!r}; known: {', '.join(BOARDS)}")
+    return b

@@ -1,0 +1,236 @@
+"""Calibration of the cycle model against published silicon figures (docs/calibration.md).
+
+UG1414's vaitrace text summary of ResNet-50 on a DPUCZDX8G (Figure 37) gives per layer WL, RT, LdWB, LdFM and
+StFM. `compare_resnet50` lines our profile of the zoo's Caffe ResNet-50 (`resnet50_caffe`) compiled for B4096 up
+with it row by row; `fit` searches a handful of global `Target.timing` parameters (never one per layer) for the
+smallest RT error; `pg338_fps` gives the fps of a board profile's cores beside PG338's performance table.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+# UG1414 (v3.5) Figure 37, "vaitrace --txt" DPU Summary of ResNet-50: (SubGraph, WL GOP, RT ms, LdWB MB, LdFM MB,
+# StFM MB). "-0" there (a value in (0, 0.001)) is 0.0 here. MB is 2**20 bytes: res5a_branch2b's LdWB 2.250 is
+# its 3x3x512x512 weights. The board and clock are not named in UG1414; docs/calibration.md gives the assumption.
+UG1414_RESNET50: tuple[tuple[str, float, float, float, float, float], ...] = (
+    ("conv1", 0.239, 0.612, 0.009, 0.507, 0.191),
+    ("res2a_branch2a", 0.026, 0.189, 0.004, 0.191, 0.191),
+    ("res2a_branch2b", 0.231, 0.285, 0.035, 0.191, 0.191),
+    ("res2a_branch2c", 0.104, 0.270, 0.036, 0.191, 0.766),
+    ("res2a", 0.105, 0.566, 0.036, 0.957, 0.766),
+    ("res2b_branch2a", 0.103, 0.242, 0.036, 0.766, 0.191),
+    ("res2b_branch2b", 0.231, 0.334, 0.035, 0.191, 0.191),
+    ("res2b", 0.105, 0.491, 0.036, 0.957, 0.766),
+    ("res2c_branch2a", 0.103, 0.243, 0.036, 0.766, 0.191),
+    ("res2c_branch2b_bias", 0.058, 0.183, 0.035, 0.191, 0.048),
+    ("res2b_downsample_bp_by_fake_downsample_0", 0.026, 0.270, 0.036, 0.239, 0.191),
+    ("res3a_branch2a", 0.051, 0.167, 0.031, 0.191, 0.096),
+    ("res3a_branch2b", 0.231, 0.323, 0.141, 0.096, 0.096),
+    ("res3a_branch2c", 0.103, 0.266, 0.063, 0.096, 0.383),
+    ("res3a", 0.207, 0.527, 0.125, 0.574, 0.383),
+    ("res3b_branch2a", 0.103, 0.289, 0.083, 0.383, 0.096),
+    ("res3b_branch2b", 0.231, 0.323, 0.141, 0.096, 0.096),
+    ("res3b", 0.104, 0.319, 0.063, 0.479, 0.383),
+    ("res3c_branch2a", 0.103, 0.289, 0.063, 0.383, 0.096),
+    ("res3c_branch2b", 0.231, 0.323, 0.141, 0.096, 0.096),
+    ("res3c", 0.104, 0.320, 0.063, 0.479, 0.383),
+    ("res3d_branch2a", 0.103, 0.288, 0.083, 0.383, 0.096),
+    ("res3d_branch2b_bias", 0.058, 0.142, 0.141, 0.096, 0.024),
+    ("res3c_downsample_bp_by_fake_downsample_1", 0.026, 0.289, 0.063, 0.120, 0.096),
+    ("res4a_branch2a", 0.051, 0.144, 0.125, 0.096, 0.048),
+    ("res4a_branch2b", 0.231, 0.307, 0.563, 0.048, 0.048),
+    ("res4a_branch2c", 0.103, 0.289, 0.251, 0.048, 0.191),
+    ("res4a", 0.206, 0.584, 0.591, 0.287, 0.191),
+    ("res4b_branch2a", 0.103, 0.286, 0.250, 0.191, 0.048),
+    ("res4b_branch2b", 0.231, 0.388, 0.563, 0.048, 0.048),
+    ("res4b", 0.103, 0.423, 0.251, 0.239, 0.191),
+    ("res4c_branch2a", 0.103, 0.286, 0.250, 0.191, 0.048),
+    ("res4c_branch2b", 0.231, 0.387, 0.563, 0.048, 0.048),
+    ("res4c", 0.103, 0.420, 0.251, 0.239, 0.191),
+    ("res4d_branch2a", 0.103, 0.285, 0.250, 0.191, 0.048),
+    ("res4d_branch2b", 0.231, 0.386, 0.563, 0.048, 0.048),
+    ("res4d", 0.103, 0.422, 0.251, 0.239, 0.191),
+    ("res4e_branch2a", 0.103, 0.285, 0.250, 0.191, 0.048),
+    ("res4e_branch2b", 0.231, 0.387, 0.563, 0.048, 0.048),
+    ("res4e", 0.103, 0.421, 0.251, 0.239, 0.191),
+    ("res4f_branch2a", 0.103, 0.286, 0.250, 0.191, 0.048),
+    ("res4f_branch2b_bias", 0.058, 0.159, 0.563, 0.048, 0.012),
+    ("res4e_downsample_bp_by_fake_downsample_2", 0.026, 0.248, 0.251, 0.203, 0.048),
+    ("res5a_branch2a", 0.051, 0.160, 0.500, 0.048, 0.024),
+    ("res5a_branch2b", 0.231, 0.391, 2.250, 0.024, 0.024),
+    ("res5a_branch2c", 0.103, 0.341, 1.002, 0.024, 0.096),
+    ("res5a", 0.206, 0.438, 2.002, 0.144, 0.096),
+    ("res5b_branch2a", 0.103, 0.234, 1.000, 0.096, 0.024),
+    ("res5b_branch2b", 0.231, 0.394, 2.250, 0.024, 0.024),
+    ("res5b", 0.103, 0.377, 1.002, 0.120, 0.096),
+    ("res5c_branch2a", 0.103, 0.232, 1.000, 0.096, 0.024),
+    ("res5c_branch2b", 0.231, 0.391, 2.250, 0.024, 0.024),
+    ("res5c", 0.103, 0.374, 1.002, 0.120, 0.096),
+    ("pool5", 0.0, 0.182, 0.0, 0.096, 0.002),
+    ("fc1000_bias", 0.004, 0.312, 1.954, 0.002, 0.0),
+)
+
+# The last block of stages 2-4 runs at the next stage's stride in AMD's program (its 3x3 conv and its branch2c + add
+# are computed only where the stride-2 1x1 convs of the next stage read: "downsample back-propagation"); vaitrace
+# names the rows after it. Our compiler computes these blocks at full resolution.
+_BP_ROWS = {"res2c": "res2b_downsample_bp_by_fake_downsample_0", "res3d": "res3c_downsample_bp_by_fake_downsample_1",
+            "res4f": "res4e_downsample_bp_by_fake_downsample_2"}
+_BLOCK = re.compile(r"(res[2-5][a-f])(?:_(branch1|branch2[abc]))?")
+MB = 1 << 20
+
+
+def ug1414_row(layer: str) -> str | None:
+    """The UG1414 ResNet-50 row that our `resnet50_caffe` layer `layer` (a layer name of our profile, with or
+    without the `subgraph_` prefix) belongs to, or None. AMD's rows group layers as its compiler fuses them:
+    conv1 with pool1; the eltwise add with the conv computed last before it (branch1 in a stage's first block,
+    branch2c in the others)."""
+    n = layer.removeprefix("subgraph_")
+    if n in ("conv1", "pool1"):
+        return "conv1"
+    if n == "fc1000":
+        return "fc1000_bias"
+    if n == "pool5":
+        return n
+    m = _BLOCK.fullmatch(n)
+    if not m:
+        return None
+    blk, br = m.groups()
+    if blk in _BP_ROWS:
+        if br == "branch2b":
+            return blk + "_branch2b_bias"
+        if br in ("branch2c", None):
+            return _BP_ROWS[blk]
+    if br is None or br == "branch1" or (br == "branch2c" and not blk.endswith("a")):
+        return blk
+    return f"{blk}_{br}"
+
+
+@dataclass
+class RowComparison:
+    """One UG1414 row beside ours (sums over the layers `ug1414_row` maps to it); RT in ms, sizes in MB."""
+
+    name: str
+    layers: list[str]
+    wl: float
+    rt: float
+    ldwb: float
+    ldfm: float
+    stfm: float
+    amd_wl: float
+    amd_rt: float
+    amd_ldwb: float
+    amd_ldfm: float
+    amd_stfm: float
+
+    @property
+    def rt_ratio(self) -> float:
+        return self.rt / self.amd_rt if self.amd_rt else math.inf
+
+    @property
+    def ldwb_ok(self) -> bool:
+        """LdWB within 5 % (UG1414 prints 3 decimals: values under 0.001 MB count as equal to 0)."""
+        if self.amd_ldwb < 0.001:
+            return self.ldwb < 0.001
+        return abs(self.ldwb / self.amd_ldwb - 1) <= 0.05
+
+
+def compare_resnet50(rows: list[dict]) -> list[RowComparison]:
+    """Our profile rows (`Profile.rows()`, layer level) of `resnet50_caffe` grouped onto UG1414's rows, in its
+    order. A UG1414 row with no layer of ours, or a layer of ours with a workload and no row, is an error."""
+    got: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["level"] != "layer":
+            continue
+        name = ug1414_row(r["subgraph"])
+        if name is None:
+            if r["wl_gop"] > 0 or r["rt_ms"] > 0:
+                raise ValueError(f"layer {r['subgraph']!r} has no UG1414 ResNet-50 row (is the model "
+                                 f"resnet50_caffe?)")
+            continue
+        got.setdefault(name, []).append(r)
+    missing = [n for n, *_ in UG1414_RESNET50 if n not in got]
+    if missing:
+        raise ValueError(f"no layer of ours for UG1414 row(s) {', '.join(missing)} (is the model resnet50_caffe?)")
+    out = []
+    for name, wl, rt, ldwb, ldfm, stfm in UG1414_RESNET50:
+        rs = got[name]
+        out.append(RowComparison(name, [r["subgraph"] for r in rs], *(sum(r[k] for r in rs) for k in
+                                 ("wl_gop", "rt_ms", "ldwb_mb", "ldfm_mb", "stfm_mb")), wl, rt, ldwb, ldfm, stfm))
+    return out
+
+
+def score(cmp: list[RowComparison], tol: float = 0.25) -> dict:
+    """The acceptance figures: rows with RT within `tol`, rows with LdWB within 5 %, total RT and its error."""
+    rt, amd = sum(c.rt for c in cmp), sum(c.amd_rt for c in cmp)
+    within = [c for c in cmp if abs(c.rt_ratio - 1) <= tol]
+    return {"rows": len(cmp), "rt_within": len(within), "rt_within_pct": 100.0 * len(within) / len(cmp),
+            "ldwb_within_5pct": sum(c.ldwb_ok for c in cmp), "total_rt_ms": rt, "amd_total_rt_ms": amd,
+            "total_rt_err_pct": 100.0 * (rt / amd - 1),
+            "mean_abs_log_rt": sum(abs(math.log(c.rt_ratio)) for c in cmp) / len(cmp)}
+
+
+def format_comparison(cmp: list[RowComparison]) -> str:
+    head = (f"{'UG1414 row':42s} {'WL':>6s} {'WL ours':>7s} {'RT':>6s} {'RT ours':>7s} {'ratio':>6s} {'LdWB':>6s} "
+            f"{'ours':>6s} {'LdFM':>6s} {'ours':>6s} {'StFM':>6s} {'ours':>6s}")
+    lines = [head]
+    for c in cmp:
+        lines.append(f"{c.name:42s} {c.amd_wl:6.3f} {c.wl:7.3f} {c.amd_rt:6.3f} {c.rt:7.3f} {c.rt_ratio:6.2f} "
+                     f"{c.amd_ldwb:6.3f} {c.ldwb:6.3f}{'' if c.ldwb_ok else '*'} {c.amd_ldfm:6.3f} {c.ldfm:6.3f} "
+                     f"{c.amd_stfm:6.3f} {c.stfm:6.3f}")
+    s = score(cmp)
+    lines.append(f"{'total':42s} {sum(c.amd_wl for c in cmp):6.3f} {sum(c.wl for c in cmp):7.3f} "
+                 f"{s['amd_total_rt_ms']:6.3f} {s['total_rt_ms']:7.3f} {s['total_rt_ms'] / s['amd_total_rt_ms']:6.2f} "
+                 f"{sum(c.amd_ldwb for c in cmp):6.3f} {sum(c.ldwb for c in cmp):6.3f}  "
+                 f"{sum(c.amd_ldfm for c in cmp):6.3f} {sum(c.ldfm for c in cmp):6.3f} "
+                 f"{sum(c.amd_stfm for c in cmp):6.3f} {sum(c.stfm for c in cmp):6.3f}")
+    lines.append(f"RT within 25 %: {s['rt_within']}/{s['rows']} rows ({s['rt_within_pct']:.0f} %); total RT "
+                 f"{s['total_rt_err_pct']:+.1f} %; LdWB within 5 %: {s['ldwb_within_5pct']}/{s['rows']} rows "
+                 f"(* marks the others)")
+    return "\n".join(lines)
+
+
+def with_overhead(cmp: list[RowComparison], overhead_ms: float) -> list[RowComparison]:
+    """The comparison with `overhead_ms` added to each of our rows: vaitrace's fine-grained mode runs each row
+    as its own DPU job, so every row pays the runtime's launch and completion cost once (docs/calibration.md)."""
+    return [RowComparison(c.name, c.layers, c.wl, c.rt + overhead_ms, c.ldwb, c.ldfm, c.stfm, c.amd_wl, c.amd_rt,
+                          c.amd_ldwb, c.amd_ldfm, c.amd_stfm) for c in cmp]
+
+
+def best_overhead(cmp: list[RowComparison], step_ms: float = 0.005, max_ms: float = 0.5) -> float:
+    """The per-row overhead (a multiple of `step_ms` up to `max_ms`) with the smallest mean |ln(RT ratio)|."""
+    k = min(range(int(round(max_ms / step_ms)) + 1),
+            key=lambda i: (score(with_overhead(cmp, i * step_ms))["mean_abs_log_rt"], i))
+    return k * step_ms
+
+
+# PG338's performance table (DPUCZDX8G product guide): model -> (workload GOPs, fps). The excerpt names neither the
+# board nor the core count; docs/calibration.md takes the ZCU102 reference design (3 x B4096 at 281 MHz).
+PG338_FPS: dict[str, tuple[float, float]] = {
+    "Inception-v1": (3.2, 405.0),
+    "ResNet50": (7.7, 175.0),
+    "SqueezeNet": (0.698, 1048.0),
+    "Tiny-YOLO": (6.97, 220.0),
+    "YOLO-V2": (82.5, 24.0),
+    "YOLO-V3 512x256": (53.7, 43.0),
+}
+# Our zoo topology for each PG338 row, or None where none is built: PG338's 82.5-GOP YOLO-V2 matches no darknet
+# YOLOv2 input size we could identify, and the zoo builds square inputs only (YOLO-V3 is 512x256).
+PG338_ZOO: dict[str, str | None] = {
+    "Inception-v1": "inception_v1", "ResNet50": "resnet50_caffe", "SqueezeNet": "squeezenet",
+    "Tiny-YOLO": "tiny_yolo_v2", "YOLO-V2": None, "YOLO-V3 512x256": None,
+}
+
+
+def fit_frame_overhead(points: list[tuple[int, int, int, float]], target, step_us: int = 50,
+                       max_us: int = 5000) -> int:
+    """The host overhead per DPU run (a multiple of `step_us`) whose fps (sim/multicore.py on `target`'s board
+    timing) is closest to the published fps: smallest mean |ln(fps / published)| over `points`, each
+    (DPU cycles per frame, DDR bytes per frame, DPU runs per frame, published fps)."""
+    from opendpu.sim.multicore import throughput
+
+    def err(us: int) -> float:
+        t = target.with_timing(frame_overhead_us=us)
+        return sum(abs(math.log(throughput(c, b, t, runs=r).fps / f)) for c, b, r, f in points) / len(points)
+    return min(range(0, max_us + 1, step_us), key=lambda us: (err(us), us))

@@ -1,0 +1,114 @@
+"""Calibration (issue 16, docs/calibration.md): UG1414 row mapping and scores, board profiles, the multi-core
+throughput model, with hand-computed values; and the compiled Caffe ResNet-50 on B4096 against UG1414's table."""
+import math
+
+import pytest
+
+from opendpu.isa.boards import BOARDS, get_board
+from opendpu.isa.target import TargetError, get_target
+from opendpu.runtime import calibration as cal
+from opendpu.sim.multicore import throughput
+
+
+def test_ug1414_table_transcribed():
+    rows = cal.UG1414_RESNET50
+    assert len(rows) == 55 and len({r[0] for r in rows}) == 55
+    # the figures UG1414 prints for the whole table (sums of the columns as printed)
+    assert sum(r[2] for r in rows) == pytest.approx(17.769, abs=1e-9)
+    assert sum(r[1] for r in rows) == pytest.approx(6.981, abs=1e-9)
+    # LdWB of a 3x3x512x512 layer is its weights in MiB; fc1000's 2048x1000 weights 1.953 MiB + bias
+    assert dict((r[0], r[3]) for r in rows)["res5a_branch2b"] == 3 * 3 * 512 * 512 / 2 ** 20
+    assert dict((r[0], r[3]) for r in rows)["fc1000_bias"] == pytest.approx(2048 * 1000 / 2 ** 20, abs=0.002)
+
+
+@pytest.mark.parametrize("layer,row", [
+    ("subgraph_conv1", "conv1"), ("pool1", "conv1"), ("res2a_branch2a", "res2a_branch2a"),
+    ("res2a_branch2c", "res2a_branch2c"), ("res2a_branch1", "res2a"), ("res2a", "res2a"),
+    ("res2b_branch2c", "res2b"), ("res2b", "res2b"), ("res3a_branch2c", "res3a_branch2c"),
+    ("res2c_branch2b", "res2c_branch2b_bias"), ("res2c_branch2c", "res2b_downsample_bp_by_fake_downsample_0"),
+    ("res2c", "res2b_downsample_bp_by_fake_downsample_0"), ("res4f_branch2a", "res4f_branch2a"),
+    ("res4f", "res4e_downsample_bp_by_fake_downsample_2"), ("res5c", "res5c"), ("res5c_branch2b", "res5c_branch2b"),
+    ("pool5", "pool5"), ("fc1000", "fc1000_bias"), ("flatten", None), ("res6a", None)])
+def test_ug1414_row_mapping(layer, row):
+    assert cal.ug1414_row(layer) == row
+
+
+def _rows(rt=1.0, ldwb=None):
+    """Synthetic profile rows: one layer per UG1414 row (its first layer name), AMD's LdWB unless given."""
+    first = {}
+    for blk in [f"res{s}{c}" for s, n in ((2, 3), (3, 4), (4, 6), (5, 3)) for c in "abcdef"[:n]]:
+        for br in ("_branch1", "_branch2a", "_branch2b", "_branch2c", ""):
+            r = cal.ug1414_row(blk + br)
+            first.setdefault(r, blk + br)
+    first.update({"conv1": "conv1", "pool5": "pool5", "fc1000_bias": "fc1000"})
+    return [{"level": "layer", "subgraph": "subgraph_" + first[n], "wl_gop": wl, "rt_ms": rt,
+             "ldwb_mb": ld if ldwb is None else ldwb, "ldfm_mb": fm, "stfm_mb": st}
+            for n, wl, _, ld, fm, st in cal.UG1414_RESNET50]
+
+
+def test_compare_and_score_by_hand():
+    cmp = cal.compare_resnet50(_rows(rt=0.3))
+    assert [c.name for c in cmp] == [r[0] for r in cal.UG1414_RESNET50]
+    s = cal.score(cmp)
+    # RT 0.3 ms against each published RT: within 25 % when 0.24 <= RT_amd <= 0.4 (0.3 / 1.25 .. 0.3 / 0.75)
+    want = sum(1 for r in cal.UG1414_RESNET50 if abs(0.3 / r[2] - 1) <= 0.25)
+    assert s["rt_within"] == want and s["rows"] == 55
+    assert s["total_rt_ms"] == pytest.approx(55 * 0.3)
+    assert s["total_rt_err_pct"] == pytest.approx(100 * (16.5 / 17.769 - 1))
+    assert s["ldwb_within_5pct"] == 55
+    # LdWB 0.5 MB everywhere: only res5a_branch2a (0.500) is within 5 % (pool5 prints 0)
+    assert cal.score(cal.compare_resnet50(_rows(ldwb=0.5)))["ldwb_within_5pct"] == \
+        sum(1 for r in cal.UG1414_RESNET50 if r[3] >= 0.001 and abs(0.5 / r[3] - 1) <= 0.05) == 1
+    # the overhead is added once per UG1414 row
+    assert cal.score(cal.with_overhead(cmp, 0.1))["total_rt_ms"] == pytest.approx(55 * 0.4)
+
+
+def test_best_overhead_recovers_a_constant():
+    """Rows whose RT is AMD's minus 0.12 ms (where positive) are best explained by a 0.12 ms overhead."""
+    rows = _rows()
+    for r, (_, _, rt, *_rest) in zip(rows, cal.UG1414_RESNET50):
+        r["rt_ms"] = max(rt - 0.12, 0.0)
+    assert cal.best_overhead(cal.compare_resnet50(rows)) == pytest.approx(0.12)
+
+
+def test_compare_refuses_other_models():
+    with pytest.raises(ValueError, match="no UG1414 ResNet-50 row"):
+        cal.compare_resnet50([{"level": "layer", "subgraph": "layer1.0.conv1", "wl_gop": 0.1, "rt_ms": 0.1,
+                               "ldwb_mb": 0, "ldfm_mb": 0, "stfm_mb": 0}])
+    with pytest.raises(ValueError, match="no layer of ours for UG1414 row"):
+        cal.compare_resnet50(_rows()[:-1])
+
+
+def test_boards():
+    assert set(BOARDS) == {"zcu102", "zcu104", "kv260", "kr260"}
+    t = get_board("ZCU102").target()
+    assert t.name.endswith("B4096") and t.timing.cores == 3 and t.timing.clock_mhz == 281.0
+    assert t.timing.board_ddr_mbps == 19200 and get_board("zcu104").target().timing.cores == 2
+    assert get_board("kv260").target("DPUCZDX8G_ISA1_B4096").timing.cores == 1
+    with pytest.raises(TargetError, match="unknown board 'zcu999'; known: zcu102"):
+        get_board("zcu999")
+    with pytest.raises(TargetError, match="board zcu102 has a DPUCZDX8G_ISA1_B4096 DPU"):
+        get_board("zcu102").target("DPUCZDX8G_ISA1_B512")
+
+
+def test_throughput_by_hand():
+    t = get_target("DPUCZDX8G_ISA1_B4096").with_timing(clock_mhz=200.0, cores=4, board_ddr_mbps=10000,
+                                                      ddr_efficiency_pct=50, frame_overhead_us=500)
+    # 1,000,000 cycles at 200 MHz = 5 ms + 0.5 ms host per frame: 4 cores -> 4 / 5.5 ms = 727.27 fps;
+    # DDR: 5,000 MB/s effective / 10 MB per frame = 500 fps -> DDR-bound at 500
+    tp = throughput(1_000_000, 10_000_000, t)
+    assert tp.fps_compute == pytest.approx(4 / 5.5e-3) and tp.fps_ddr == pytest.approx(500.0)
+    assert tp.fps == pytest.approx(500.0) and tp.ddr_bound and tp.ddr_mbps == pytest.approx(5000.0)
+    assert tp.latency_ms == pytest.approx(5.5)
+    # two DPU runs per frame pay the host overhead twice; 1 MB per frame leaves the DDR far from saturation
+    tp2 = throughput(1_000_000, 1_000_000, t, runs=2)
+    assert tp2.fps == pytest.approx(4 / 6e-3) and not tp2.ddr_bound
+    # no board: no DDR bound
+    assert math.isinf(throughput(1000, 10 ** 9, get_target("DPUCZDX8G_ISA1_B512")).fps_ddr)
+
+
+def test_fit_frame_overhead_by_hand():
+    """Four points made with a 700 us host overhead (3 cores, 300 MHz, no DDR limit) give back 700."""
+    t = get_target("DPUCZDX8G_ISA1_B4096").with_timing(clock_mhz=300.0, cores=3)
+    pts = [(c, 1, 1, 3 / (c / 300e6 + 700e-6)) for c in (600_000, 1_800_000, 3_600_000, 5_400_000)]
+    assert cal.fit_frame_overhead(pts, t) == 700
