@@ -14,13 +14,14 @@ instruction selection, banks, tokens, weight packing) run inside the `codegen` p
 Options are vai_c_xir's `--options` keys (UG1414 Table 31): `input_shape` ("1,224,224,3", inputs separated by
 ";"; must equal the graph's static input shapes, since opendpu does not re-infer shapes), `output_ops` ("op0,op1":
 the graph outputs; everything that does not feed them is dropped), `prefetch` and `hd_opt` (accepted and
-recorded; they change no instruction), `plugins` (refused: compiler plugins are C++ libraries). Six opendpu keys
-switch code-generation optimisations off (all default true; docs/compiler.md): `channel_augmentation` (fold kw into
+recorded; they change no instruction), `plugins` (refused: compiler plugins are C++ libraries). Seven opendpu keys
+switch optimisations off (all default true; docs/compiler.md): `channel_augmentation` (fold kw into
 the LOAD items of convs with few input channels), `fuse` (a producer and its only ALU consumer in one superlayer,
 the intermediate kept on chip), `exact_tokens` (a waiter waits on the instruction it conflicts with, not on the
 producer engine's latest one), `pipeline` (software-pipelined strip order: the next strip's LOADs and the previous
 strip's SAVEs interleaved with the current strip's compute), `prefetch_layers` (a layer's opening LOADs in the
-previous layer's tail) and `pool_cascade` (a large stride-1 max pool as 5x5 / 3x3 stages). `fuse_conv` (default
+previous layer's tail), `pool_cascade` (a large stride-1 max pool as 5x5 / 3x3 stages) and `downsample_bp` (a
+tensor read only by strided 1x1 convs is computed only at the pixels they read). `fuse_conv` (default
 false) also fuses a producer with its only CONV consumer. Any other key is an error that names it and the known
 ones.
 """
@@ -45,7 +46,7 @@ class CompileError(OpenDpuError, ValueError):
 
 
 KNOWN_OPTIONS = ("input_shape", "output_ops", "prefetch", "hd_opt", "plugins", "channel_augmentation", "fuse",
-                 "exact_tokens", "pipeline", "prefetch_layers", "fuse_conv", "pool_cascade")
+                 "exact_tokens", "pipeline", "prefetch_layers", "fuse_conv", "pool_cascade", "downsample_bp")
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -109,7 +110,7 @@ def check_options(options: dict) -> dict:
         elif k == "output_ops":
             out[k] = _op_list(v)
         elif k in ("prefetch", "hd_opt", "channel_augmentation", "fuse", "exact_tokens", "pipeline",
-                   "prefetch_layers", "fuse_conv", "pool_cascade"):
+                   "prefetch_layers", "fuse_conv", "pool_cascade", "downsample_bp"):
             out[k] = _bool_option(k, v)
         elif k == "plugins":
             if v not in ("", None, []):
@@ -331,6 +332,23 @@ def _subgraph_copy(g: Graph, keep: set[str]) -> Graph:
     return h
 
 
+def p_downsample_bp(ctx: CompileContext) -> CompileContext:
+    """Tensors read only by strided 1x1 convs are computed only at the pixels read (compiler.downsample)."""
+    from opendpu.compiler.downsample import clone, downsample_bp
+    assert ctx.graph is not None
+    if not ctx.options.get("downsample_bp", True):
+        ctx.summary = "off (option downsample_bp)"
+        return ctx
+    g = clone(ctx.graph)                  # canonicalize hands a canonical input graph over as it is: never edit it
+    lines = downsample_bp(g, protected=set(ctx.options.get("output_ops") or ()))
+    if lines:
+        ctx.graph = g
+    for line in lines:
+        ctx.say(f"downsample_bp: {line}")
+    ctx.summary = f"{len(lines)} op(s) computed at the stride of their readers" if lines else "nothing to do"
+    return ctx
+
+
 def p_partition(ctx: CompileContext) -> CompileContext:
     """compiler.rules + the code generator's refusals: USER, DPU and CPU subgraphs without cycles."""
     assert ctx.graph is not None
@@ -376,6 +394,8 @@ def p_emit(ctx: CompileContext) -> CompileContext:
 PASSES: list[Pass] = [
     Pass("canonicalize", p_canonicalize, "the quantized graph in canonical *-fix form (compiler.frontend)"),
     Pass("apply_options", p_apply_options, "input_shape checked; output_ops: ops not feeding them dropped"),
+    Pass("downsample_bp", p_downsample_bp, "ops read only by strided 1x1 convs computed at that stride "
+         "(compiler.downsample)"),
     Pass("partition", p_partition, "USER / DPU / CPU subgraphs (compiler.rules, codegen refusals), no cycles"),
     Pass("codegen", p_codegen, "one DpuProgram per DPU subgraph (compiler.codegen.generate)"),
     Pass("emit", p_emit, "the compiled xmodel, <net>_org.xmodel and meta.json (compiler.emit)"),

@@ -74,7 +74,8 @@ UG1414_RESNET50: tuple[tuple[str, float, float, float, float, float], ...] = (
 
 # The last block of stages 2-4 runs at the next stage's stride in AMD's program (its 3x3 conv and its branch2c + add
 # are computed only where the stride-2 1x1 convs of the next stage read: "downsample back-propagation"); vaitrace
-# names the rows after it. Our compiler computes these blocks at full resolution.
+# names the rows after it. Our compiler does the same (compiler/downsample.py); its pick of the previous block's
+# output (`res2b_downsample_bp`, a 1x1 stride-2 max pool) belongs to that row too.
 _BP_ROWS = {"res2c": "res2b_downsample_bp_by_fake_downsample_0", "res3d": "res3c_downsample_bp_by_fake_downsample_1",
             "res4f": "res4e_downsample_bp_by_fake_downsample_2"}
 _BLOCK = re.compile(r"(res[2-5][a-f])(?:_(branch1|branch2[abc]))?")
@@ -93,6 +94,10 @@ def ug1414_row(layer: str) -> str | None:
         return "fc1000_bias"
     if n == "pool5":
         return n
+    if n.endswith("_downsample_bp"):
+        prev = n.removesuffix("_downsample_bp")
+        nxt = prev[:4] + chr(ord(prev[4]) + 1) if _BLOCK.fullmatch(prev) else ""
+        return _BP_ROWS.get(nxt)
     m = _BLOCK.fullmatch(n)
     if not m:
         return None

@@ -28,7 +28,9 @@ def test_ug1414_table_transcribed():
     ("res2c_branch2b", "res2c_branch2b_bias"), ("res2c_branch2c", "res2b_downsample_bp_by_fake_downsample_0"),
     ("res2c", "res2b_downsample_bp_by_fake_downsample_0"), ("res4f_branch2a", "res4f_branch2a"),
     ("res4f", "res4e_downsample_bp_by_fake_downsample_2"), ("res5c", "res5c"), ("res5c_branch2b", "res5c_branch2b"),
-    ("pool5", "pool5"), ("fc1000", "fc1000_bias"), ("flatten", None), ("res6a", None)])
+    ("pool5", "pool5"), ("fc1000", "fc1000_bias"), ("flatten", None), ("res6a", None),
+    ("res2b_downsample_bp", "res2b_downsample_bp_by_fake_downsample_0"),
+    ("res4e_downsample_bp", "res4e_downsample_bp_by_fake_downsample_2"), ("res4d_downsample_bp", None)])
 def test_ug1414_row_mapping(layer, row):
     assert cal.ug1414_row(layer) == row
 
