@@ -27,14 +27,24 @@ class Board:
     ddr_mbps: int           # peak bandwidth of the PS DDR the cores share (bus width x transfer rate)
     source: str
 
+    def timing(self) -> dict:
+        """The Target.timing fields the board sets."""
+        return {"clock_mhz": self.clock_mhz, "cores": self.cores, "board_ddr_mbps": self.ddr_mbps,
+                "ddr_efficiency_pct": DDR_EFFICIENCY_PCT, "frame_overhead_us": FRAME_OVERHEAD_US}
+
+    def check(self, t: Target) -> None:
+        """Refuse a target whose array is not the board's (another size: PP, ICP/OCP, ALU parallelism). Other
+        options of the same size (e.g. an AMD arch.json's feature bits) are the board's DPU configured so."""
+        a = get_target(self.arch)
+        if (t.pp, t.cp, t.alu_pp) != (a.pp, a.cp, a.alu_pp):
+            raise TargetError(f"board {self.name} has a {self.arch} DPU (PP {a.pp}, CP {a.cp}, ALU_PP {a.alu_pp}); "
+                              f"the target {t.name} is PP {t.pp}, CP {t.cp}, ALU_PP {t.alu_pp}")
+
     def target(self, base: Target | str | None = None) -> Target:
-        """The board's Target: `base` (default: the board's arch preset) with the board's timing. A base of
-        another arch is refused: the board's DPU is that arch."""
+        """The board's Target: `base` (default: the board's arch preset) with the board's timing."""
         t = get_target(base if base is not None else self.arch)
-        if t.fingerprint != get_target(self.arch).fingerprint:
-            raise TargetError(f"board {self.name} has a {self.arch} DPU; the target {t.name} is another arch")
-        return t.with_timing(clock_mhz=self.clock_mhz, cores=self.cores, board_ddr_mbps=self.ddr_mbps,
-                             ddr_efficiency_pct=DDR_EFFICIENCY_PCT, frame_overhead_us=FRAME_OVERHEAD_US)
+        self.check(t)
+        return t.with_timing(**self.timing())
 
 
 BOARDS: dict[str, Board] = {b.name: b for b in (

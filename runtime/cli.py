@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
 import json
 import os
@@ -466,32 +467,64 @@ def _write_announced(path: str, fn, what: str) -> None:
     print(f"wrote {what} to {path}")
 
 
+def _board_timing(a, dpus) -> dict:
+    """--board: the timing the board sets (clock, cores, DDR, host overhead), after checking that every DPU
+    subgraph's array is the board's; {} without --board."""
+    from opendpu.isa.boards import get_board
+    from opendpu.isa.target import TargetError
+    if not getattr(a, "board", None):
+        return {}
+    try:
+        b = get_board(a.board)
+        for d in dpus:
+            b.check(d.target)
+    except TargetError as e:
+        raise CliError(f"--board {a.board}: {e}") from None
+    return b.timing()
+
+
 def cmd_profile(a) -> int:
-    from opendpu.isa.target import get_target
-    from opendpu.runtime.profile import PLOT_FORMATS, profile_graph
+    from opendpu.runtime.profile import PLOT_FORMATS, format_side_by_side, profile_graph, side_by_side
+    from opendpu.sim.multicore import throughput
     input_file(a.model, "model")
+    if a.compare:
+        input_file(a.compare, "--compare model")
     tm = timing_overrides(a.timing, a.clock_mhz)
-    inputs = [a.model] + ([a.target] if a.target and os.path.isfile(a.target) else []) + list(a.op_plugin or [])
+    inputs = [a.model] + ([a.target] if a.target and os.path.isfile(a.target) else []) + list(a.op_plugin or []) \
+        + ([a.compare] if a.compare else [])
     outs = (("trace", (".json",)), ("json", (".json",)), ("csv", (".csv",)), ("instructions", (".csv",)),
-            ("plot", tuple("." + f for f in PLOT_FORMATS)), ("txt", (".txt",)))
+            ("plot", tuple("." + f for f in PLOT_FORMATS)), ("roofline", tuple("." + f for f in PLOT_FORMATS)),
+            ("txt", (".txt",)), ("compare_csv", (".csv",)))
     seen: dict[str, str] = {}
     for opt, suffixes in outs:
         path = getattr(a, opt)
         if path:
-            check_file(path, suffixes=suffixes, inputs=inputs, what=f"--{opt}")
+            flag = "--" + opt.replace("_", "-")
+            check_file(path, suffixes=suffixes, inputs=inputs, what=flag)
             key = os.path.abspath(path)
             if key in seen:
-                raise CliError(f"--{opt} {path}: the same file is also the --{seen[key]} output")
-            seen[key] = opt
+                raise CliError(f"{flag} {path}: the same file is also the {seen[key]} output")
+            seen[key] = flag
+    if a.compare_csv and not a.compare:
+        raise CliError("--compare-csv needs --compare OTHER.xmodel")
     _load_plugins(a.op_plugin)
     g = _load_graph(a.model)
-    tgt = get_target(a.target) if a.target else None
     from opendpu.runtime.dpu import DpuSubgraph
-    for sg in _select_dpu_subgraphs(g, a.model):
-        dpu = DpuSubgraph(g, sg)
+    dpus = [DpuSubgraph(g, sg) for sg in _select_dpu_subgraphs(g, a.model)]
+    from opendpu.isa.target import get_target
+    tgt = get_target(a.target) if a.target else None
+    for dpu in dpus:
         if a.target:
             _check_target(dpu, a.target)
         dpu.validate(tgt)
+    tm = {**_board_timing(a, dpus), **tm}           # --timing / --clock-mhz override the board
+    other = None
+    if a.compare:
+        other = _load_graph(a.compare)
+        odpus = [DpuSubgraph(other, sg) for sg in _select_dpu_subgraphs(other, a.compare)]
+        _board_timing(a, odpus)
+        for d in odpus:
+            d.validate(None)
     _warm_kernels()
     prof = profile_graph(g, target=tgt, timing=tm, model=os.path.basename(a.model))
     text = prof.table()
@@ -507,14 +540,37 @@ def cmd_profile(a) -> int:
         bank = {k: v["bank"] for k, v in s.engine_stalls().items() if v["bank"]}
         if bank:                            # cycles lost to the bank-port arbitration (docs/bank-ports.md)
             print("  bank-port stalls: " + ", ".join(f"{k} {v}" for k, v in bank.items()) + " cycles")
+    if a.board:
+        t0 = prof.subgraphs[0].target
+        nbytes = int(sum(r["ldwb_mb"] + r["ldfm_mb"] + r["stfm_mb"] for r in prof.rows(layers=False)) * (1 << 20))
+        tp = throughput(prof.total_cycles, nbytes, t0, runs=len(prof.subgraphs))
+        tmg = t0.timing
+        print(f"\nboard {a.board}: {tmg.cores} core(s) at {tmg.clock_mhz:g} MHz, host {tmg.frame_overhead_us} us per "
+              f"DPU run, DDR {tmg.board_ddr_mbps} MB/s x {tmg.ddr_efficiency_pct} %: {tp.fps:.1f} fps "
+              f"({'DDR-bound' if tp.ddr_bound else 'compute-bound'}; {tp.latency_ms:.3f} ms per frame per core, "
+              f"{nbytes / 1e6:.2f} MB per frame, {tp.ddr_mbps:.0f} MB/s of DDR) [docs/calibration.md]")
+    side = None
+    if other is not None:
+        oprof = profile_graph(other, timing=tm, model=os.path.basename(a.compare))
+        side = side_by_side(prof, oprof)
+        print("\n" + format_side_by_side(side, a.model, a.compare))
 
     def write_txt(p):
         with open(p, "w") as f:
             f.write(text + "\n")
+
+    def write_side(p):
+        from opendpu.runtime.profile import SIDE_COLUMNS
+        with open(p, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(SIDE_COLUMNS))
+            w.writeheader()
+            for r in side or []:
+                w.writerow({k: ("" if r[k] is None else r[k]) for k in SIDE_COLUMNS})
     for path, fn, what in ((a.trace, prof.write_trace, "Perfetto trace"), (a.json, prof.write_json, "JSON"),
                            (a.csv, prof.write_csv, "CSV"),
                            (a.instructions, prof.write_instructions_csv, "per-instruction CSV"),
-                           (a.plot, prof.plot, "plot"), (a.txt, write_txt, "text summary")):
+                           (a.plot, prof.plot, "plot"), (a.roofline, prof.roofline, "roofline"),
+                           (a.txt, write_txt, "text summary"), (a.compare_csv, write_side, "side-by-side CSV")):
         if path:
             _write_announced(path, fn, what)
     return 0
@@ -1102,6 +1158,13 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--plot", metavar="P.png", help="write the figure: engine lanes with layer bands, per-layer "
                                                   "cycles coloured by the bounding engine (.png/.svg/.pdf)")
     pr.add_argument("--txt", metavar="P.txt", help="also write the text summary to this file")
+    pr.add_argument("--roofline", metavar="R.png", help="write the per-layer roofline: ops per DDR byte against "
+                                                        "achieved GOP/s under the peak and DDR roofs")
+    pr.add_argument("--board", help="board profile: clock, cores, DDR and host overhead (zcu102, zcu104, kv260, "
+                                    "kr260; docs/calibration.md); also prints the board's fps with all its cores")
+    pr.add_argument("--compare", metavar="OTHER.xmodel", help="a second program of the same graph (AMD's, or "
+                                                              "another configuration): layer-by-layer side by side")
+    pr.add_argument("--compare-csv", metavar="S.csv", help="write the side-by-side rows as CSV")
     plugin(pr)
     pr.set_defaults(fn=cmd_profile)
     sw = verb("sweep", "timing-only sweep of timing parameters (cycles, latency, fps, busy)")

@@ -249,3 +249,47 @@ def _layer_bars(ax, sp, short: list[str], per: float, unit: str) -> None:
 
 def save_figure(fig: Figure, path: str, fmt: str) -> None:
     fig.savefig(path, format=fmt, dpi=DPI, bbox_inches="tight", pad_inches=0.15)
+
+
+def roofline_figure(profile) -> Figure:
+    """Per layer: operational intensity (ops per DDR byte: WL / (LdWB + LdFM + StFM)) against achieved GOP/s,
+    under the roofs of each DPU subgraph's target: peak ops (PP x ICP x OCP x 2 per cycle) and DDR read
+    bandwidth (ddr_ports x ddr_bytes_per_cycle per cycle), at its clock. Layers with no workload or no DDR
+    traffic have no point; the colour is the layer's bounding engine."""
+    fig = Figure(figsize=(8.0, 5.5), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    colors = {"CONV": "#1f77b4", "MISC": "#2ca02c", "LOAD": "#d62728", "SAVE": "#9467bd", "": "#7f7f7f"}
+    roofs = {}
+    xs_all = []
+    for sp in profile.subgraphs:
+        tm = sp.target.timing
+        peak = sp.target.peak_ops_per_cycle * tm.clock_mhz * 1e6 / 1e9                  # GOP/s
+        bw = tm.ddr_ports * tm.ddr_bytes_per_cycle * tm.clock_mhz * 1e6 / 1e9             # GB/s
+        roofs[(sp.target.name, tm.clock_mhz)] = (peak, bw)
+    for r in profile.rows(layers=True):
+        if r["level"] != "layer":
+            continue
+        nbytes = (r["ldwb_mb"] + r["ldfm_mb"] + r["stfm_mb"]) * (1 << 20)
+        if r["wl_gop"] <= 0 or nbytes <= 0 or r["rt_ms"] <= 0:
+            continue
+        x = r["wl_gop"] * 1e9 / nbytes
+        xs_all.append(x)
+        ax.scatter([x], [r["perf_gops"]], s=18, color=colors.get(r["bound"], "#7f7f7f"), zorder=3)
+    lo = min(xs_all + [0.1]) / 2
+    hi = max(xs_all + [1000.0]) * 2
+    for (name, clk), (peak, bw) in roofs.items():
+        xs = np.geomspace(lo, hi, 200)
+        ax.plot(xs, np.minimum(peak, bw * xs), color="k", lw=1.2)
+        ax.text(hi, peak, f"{name.replace('DPUCZDX8G_ISA1_', '')} {peak:.0f} GOP/s at {clk:g} MHz",
+                ha="right", va="bottom", fontsize=8)
+        ax.text(lo * 1.1, bw * lo * 1.3, f"DDR read {bw:.1f} GB/s", fontsize=8, rotation=0)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("operational intensity (ops per DDR byte)")
+    ax.set_ylabel("achieved GOP/s")
+    ax.set_title(f"{profile.model}: roofline per layer", fontsize=10)
+    ax.legend(handles=[Patch(color=c, label=k or "none") for k, c in colors.items()], title="bounding engine",
+              fontsize=8, title_fontsize=8, loc="lower right")
+    ax.grid(True, which="both", lw=0.3, alpha=0.5)
+    return fig

@@ -340,6 +340,62 @@ class Profile:
         fig = self.figure()
         save_figure(fig, path, fmt)
 
+    def roofline(self, path: str) -> None:
+        """Write the per-layer roofline (runtime/plots.py `roofline_figure`) to `path` (a PLOT_FORMATS suffix)."""
+        fmt = os.path.splitext(os.fspath(path))[1].lower().lstrip(".")
+        if fmt not in PLOT_FORMATS:
+            raise ValueError(f"cannot write a figure to {os.fspath(path)}: unsupported suffix "
+                             f"{'.' + fmt if fmt else '(none)'}; use one of "
+                             f"{', '.join('.' + f for f in PLOT_FORMATS)}")
+        from opendpu.runtime.plots import roofline_figure, save_figure
+        save_figure(roofline_figure(self), path, fmt)
+
+
+SIDE_COLUMNS = ("layer", "rt_ms_a", "rt_ms_b", "rt_ratio", "cycles_a", "cycles_b", "ldwb_mb_a", "ldwb_mb_b",
+                "ldfm_mb_a", "ldfm_mb_b", "stfm_mb_a", "stfm_mb_b")
+
+
+def side_by_side(a: "Profile", b: "Profile") -> list[dict]:
+    """Two profiles of the same graph (ours and AMD's program, or two configurations), layer by layer: the
+    layers of `a` in order, then those only `b` has; a layer missing on one side has None there. The last row
+    is the total (every DPU subgraph)."""
+    ra = {r["subgraph"]: r for r in a.rows(layers=True) if r["level"] == "layer"}
+    rb = {r["subgraph"]: r for r in b.rows(layers=True) if r["level"] == "layer"}
+    names = list(ra) + [n for n in rb if n not in ra]
+    out = []
+
+    def row(name, x, y):
+        d: dict = {"layer": name}
+        for k in ("rt_ms", "cycles", "ldwb_mb", "ldfm_mb", "stfm_mb"):
+            d[k + "_a"] = x[k] if x else None
+            d[k + "_b"] = y[k] if y else None
+        d["rt_ratio"] = (y["rt_ms"] / x["rt_ms"]) if x and y and x["rt_ms"] > 0 else None
+        return d
+    for n in names:
+        out.append(row(n, ra.get(n), rb.get(n)))
+    tot = {}
+    for side, pr in (("a", a), ("b", b)):
+        sub = pr.rows(layers=False)
+        tot[side] = {"rt_ms": pr.total_ms, "cycles": pr.total_cycles,
+                     **{k: sum(r[k] for r in sub) for k in ("ldwb_mb", "ldfm_mb", "stfm_mb")}}
+    out.append(row("(total)", tot["a"], tot["b"]))
+    return out
+
+
+def format_side_by_side(rows: list[dict], label_a: str, label_b: str) -> str:
+    def f(v, fmt="8.3f"):
+        return f"{'-':>8s}" if v is None else format(v, fmt)
+    w = max([len(r["layer"]) for r in rows] + [10])
+    lines = [f"A = {label_a}", f"B = {label_b}",
+             f"{'layer':{w}s} {'RT A ms':>8s} {'RT B ms':>8s} {'B/A':>6s} {'LdWB A':>8s} {'LdWB B':>8s} "
+             f"{'LdFM A':>8s} {'LdFM B':>8s} {'StFM A':>8s} {'StFM B':>8s}"]
+    for r in rows:
+        lines.append(f"{r['layer']:{w}s} {f(r['rt_ms_a'])} {f(r['rt_ms_b'])} "
+                     f"{f(r['rt_ratio'], '6.2f') if r['rt_ratio'] is not None else '     -'} "
+                     f"{f(r['ldwb_mb_a'])} {f(r['ldwb_mb_b'])} {f(r['ldfm_mb_a'])} {f(r['ldfm_mb_b'])} "
+                     f"{f(r['stfm_mb_a'])} {f(r['stfm_mb_b'])}")
+    return "\n".join(lines)
+
 
 # ---- attribution ------------------------------------------------------------------------------------
 def exact_layer_map(dpu: DpuSubgraph) -> list[str] | None:
@@ -614,4 +670,4 @@ def profile_graph(graph: Graph, target: Target | None = None, timing: dict | Non
 
 
 __all__ = ["Profile", "SubgraphProfile", "Layer", "profile_graph", "profile_subgraph", "COLUMNS", "PLOT_FORMATS",
-           "TOTAL_SUFFIX"]
+           "TOTAL_SUFFIX", "side_by_side", "format_side_by_side", "SIDE_COLUMNS"]

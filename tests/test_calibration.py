@@ -114,3 +114,57 @@ def test_fit_frame_overhead_by_hand():
     t = get_target("DPUCZDX8G_ISA1_B4096").with_timing(clock_mhz=300.0, cores=3)
     pts = [(c, 1, 1, 3 / (c / 300e6 + 700e-6)) for c in (600_000, 1_800_000, 3_600_000, 5_400_000)]
     assert cal.fit_frame_overhead(pts, t) == 700
+
+
+# ---- opendpu profile --board / --roofline / --compare ---------------------------------------------------------
+def _cli():
+    from opendpu.runtime.cli import main
+    return main
+
+
+def test_profile_board_roofline_and_side_by_side(tmp_path, capsys):
+    import csv
+
+    from conftest import model_path
+
+    from opendpu.compiler.pipeline import compile as compile_graph
+    from opendpu.compiler.xir.graph import Graph
+    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from opendpu.runtime.profile import profile_graph
+    amd = model_path("dpu_mnist_classifier")                      # B4096, the boards' array
+    g = Graph.load(amd)
+    t = DpuSubgraph(g, dpu_subgraphs(g)[0]).target
+    ours = tmp_path / "ours.xmodel"
+    compile_graph(g, t, recompile=True, name="ours").graph.save(str(ours))
+    main = _cli()
+    roof, side = tmp_path / "roof.png", tmp_path / "side.csv"
+    assert main(["profile", str(ours), "--board", "zcu102", "--roofline", str(roof), "--compare", amd,
+                 "--compare-csv", str(side)]) == 0
+    out = capsys.readouterr().out
+    # the board line: 3 cores at 281 MHz; fps = 3 / (cycles / 281 MHz + 1 ms host) (MNIST is far from the DDR roof)
+    prof = profile_graph(Graph.load(str(ours)), timing={"clock_mhz": 281.0})
+    fps = 3 / (prof.total_cycles / 281e6 + 1e-3)
+    assert "board zcu102: 3 core(s) at 281 MHz" in out and f"{fps:.1f} fps (compute-bound" in out
+    assert roof.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = list(csv.DictReader(side.open()))
+    assert rows[-1]["layer"] == "(total)"
+    amd_prof = profile_graph(g, timing={"clock_mhz": 281.0})
+    assert int(rows[-1]["cycles_a"]) == prof.total_cycles and int(rows[-1]["cycles_b"]) == amd_prof.total_cycles
+    both = [r for r in rows[:-1] if r["rt_ms_a"] and r["rt_ms_b"]]
+    assert both and all(float(r["rt_ratio"]) == pytest.approx(float(r["rt_ms_b"]) / float(r["rt_ms_a"]))
+                        for r in both)
+    assert f"A = {ours}" in out and f"B = {amd}" in out
+
+
+def test_profile_board_bad_input(tmp_path, capsys):
+    from conftest import model_path
+    main = _cli()
+    amd = model_path("dpu_mnist_classifier")
+    assert main(["profile", amd, "--board", "zcu999"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown board 'zcu999'; known: zcu102, zcu104, kv260, kr260" in err and "Traceback" not in err
+    assert main(["profile", model_path("yolox_nano_b512"), "--board", "kv260"]) == 2
+    assert "board kv260 has a DPUCZDX8G_ISA1_B4096 DPU (PP 8, CP 16, ALU_PP 4)" in capsys.readouterr().err
+    assert main(["profile", amd, "--compare-csv", str(tmp_path / "s.csv")]) == 2
+    assert "--compare-csv needs --compare" in capsys.readouterr().err
+    assert not (tmp_path / "s.csv").exists()
