@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from .target import Target, TargetError, get_target
 
 # Share of the board's peak DDR bandwidth that the DPU cores' streams achieve together (DDR4 controller,
-# refresh, read/write turnaround). An assumption: no PG338 model is DDR-bound above 54 %, so the table cannot fix
+# refresh, read/write turnaround). An assumption: no PG338 model is DDR-bound above 53 %, so the table cannot fix
 # it (docs/calibration.md).
 DDR_EFFICIENCY_PCT = 70
 # Host time per DPU run on the boards' Cortex-A53 (VART job submission, cache maintenance of the input and output
