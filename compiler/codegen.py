@@ -211,7 +211,7 @@ class _Ctx:
     capture: list | None = None       # when set, _run collects the layer jobs instead of emitting them
     pipeline: bool = False            # software-pipelined strip order (_strips)
     param_align: int = 1              # start of each parameter ring allocation (TOKEN_LINES with prefetch_layers)
-    fuse_conv: bool = False           # a CONV consumer may be fused with its producer (_fused)
+    fuse_conv: bool = True            # a CONV consumer may be fused with its producer (_fused)
     cascade: bool = False             # large stride-1 max pools as cascades of 5x5 / 3x3 pools (_pool_cascade)
     cycles: "Cycles | None" = None    # the cycle model (injected by the runtime); None: the compiler's own _schedule
 
@@ -1601,7 +1601,7 @@ class _Plan:
 def generate(graph: Graph, op_names: list[str], target: Target, name: str = "subgraph",
              log: Callable[[str], None] | None = None, channel_augmentation: bool = True,
              fuse: bool = True, exact_tokens: bool = True, pipeline: bool = True,
-             prefetch_layers: bool = True, fuse_conv: bool = False, pool_cascade: bool = True,
+             prefetch_layers: bool = True, fuse_conv: bool = True, pool_cascade: bool = True,
              cycles: "Cycles | None" = None) -> DpuProgram:
     """Compile the ops `op_names` of `graph` (one DPU subgraph) for `target` (module docstring).
     `channel_augmentation` lets convs with few input channels fold kw into the LOAD items, `fuse` lets a

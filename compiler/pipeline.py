@@ -14,16 +14,15 @@ instruction selection, banks, tokens, weight packing) run inside the `codegen` p
 Options are vai_c_xir's `--options` keys (UG1414 Table 31): `input_shape` ("1,224,224,3", inputs separated by
 ";"; must equal the graph's static input shapes, since opendpu does not re-infer shapes), `output_ops` ("op0,op1":
 the graph outputs; everything that does not feed them is dropped), `prefetch` and `hd_opt` (accepted and
-recorded; they change no instruction), `plugins` (refused: compiler plugins are C++ libraries). Seven opendpu keys
+recorded; they change no instruction), `plugins` (refused: compiler plugins are C++ libraries). Eight opendpu keys
 switch optimisations off (all default true; docs/compiler.md): `channel_augmentation` (fold kw into
 the LOAD items of convs with few input channels), `fuse` (a producer and its only ALU consumer in one superlayer,
 the intermediate kept on chip), `exact_tokens` (a waiter waits on the instruction it conflicts with, not on the
 producer engine's latest one), `pipeline` (software-pipelined strip order: the next strip's LOADs and the previous
 strip's SAVEs interleaved with the current strip's compute), `prefetch_layers` (a layer's opening LOADs in the
 previous layer's tail), `pool_cascade` (a large stride-1 max pool as 5x5 / 3x3 stages) and `downsample_bp` (a
-tensor read only by strided 1x1 convs is computed only at the pixels they read). `fuse_conv` (default
-false) also fuses a producer with its only CONV consumer. Any other key is an error that names it and the known
-ones.
+tensor read only by strided 1x1 convs is computed only at the pixels they read), and `fuse_conv` (a producer fused
+with its only CONV consumer). Any other key is an error that names it and the known ones.
 """
 from __future__ import annotations
 
@@ -372,7 +371,7 @@ def p_codegen(ctx: CompileContext) -> CompileContext:
                                         exact_tokens=ctx.options.get("exact_tokens", True),
                                         pipeline=ctx.options.get("pipeline", True),
                                         prefetch_layers=ctx.options.get("prefetch_layers", True),
-                                        fuse_conv=ctx.options.get("fuse_conv", False),
+                                        fuse_conv=ctx.options.get("fuse_conv", True),
                                         pool_cascade=ctx.options.get("pool_cascade", True),
                                         cycles=ctx.cycles)
     n = sum(len(p.instructions) for p in ctx.programs.values())

@@ -96,7 +96,10 @@ def test_compiled_model_matches_the_quantizers_golden_per_layer(compiled, quanti
                 golden]) == 0
     o = capsys.readouterr().out
     ok = [ln for ln in o.splitlines() if ln.startswith("XLNX_GOLDEN_DIR: compare data success")]
-    assert "fail !" not in o and len(ok) >= 5, o
+    # the input, the two pooled maps and the classifier output; the conv+conv and conv+pool intermediates stay on
+    # chip (the run reports them as not observable)
+    assert "fail !" not in o and len(ok) >= 4, o
+    assert "kept on chip (not observable)" in o
     assert "/classifier/classifier.4/Gemm_reshape" in " ".join(ok)        # the graph output, by its own name
 
 

@@ -80,8 +80,9 @@ def _digits_inputs(key: str) -> list[list[np.ndarray]]:
 @pytest.mark.parametrize("key", ALL_TARGET_KEYS)
 def test_digits_exact_race_free_timing_robust(key):
     st = check_compiled("digits", None, key, _digits_inputs(key))
-    # the classifier output and the 3 workspace feature maps left after conv+pool fusion, for 3 inputs
-    assert st["tensors"] >= 3 * 4
+    # the classifier output and the 2 workspace feature maps left after conv+pool and conv+conv fusion (3 on PP2,
+    # where the conv pair does not fit on chip), for 3 inputs
+    assert st["tensors"] >= 3 * 3
     # the random timings really reorder the instructions (otherwise the check could not fail)
     assert len(st["orders"]) > 3
 
