@@ -214,6 +214,7 @@ class _Ctx:
     fuse_conv: bool = True            # a CONV consumer may be fused with its producer (_fused)
     cascade: bool = False             # large stride-1 max pools as cascades of 5x5 / 3x3 pools (_pool_cascade)
     cycles: "Cycles | None" = None    # the cycle model (injected by the runtime); None: the compiler's own _schedule
+    decisions: list | None = None     # the real emission's per-layer choices (_decide); None in scratch contexts
 
     def temp(self, h: int, w: int, ch: int, fp: int) -> FMap:
         """A dense temporary feature map in the workspace."""
@@ -1062,6 +1063,13 @@ def _sched_cost(real: _Ctx, *steps: Callable[["_Ctx"], None]) -> int:
     return _program_cost(t, c.s.ins, c.s.layer_of, real.param_align > 1, real.cycles)
 
 
+def _decide(c: _Ctx, layer: str, what: str, costs: dict, chosen: str) -> None:
+    """Record a choice of the real emission for the compile report: the estimated cycles of every form tried
+    (None: the form cannot be emitted)."""
+    if c.decisions is not None and c.capture is None:
+        c.decisions.append({"layer": layer, "decision": what, "chosen": chosen, "cycles": costs})
+
+
 def _choose_aug(c: _Ctx, job: "ConvJob") -> "ConvJob":
     """The channel-augmented form of a conv when augmentation is allowed, can express it and the estimate says
     it is faster (docs/compiler.md); else the job itself."""
@@ -1071,10 +1079,11 @@ def _choose_aug(c: _Ctx, job: "ConvJob") -> "ConvJob":
         return job
     a = _aug_job(job)
     try:
-        faster = _layer_cost(c, lambda k: _conv(k, a)) < _layer_cost(c, lambda k: _conv(k, job))
+        ca, cp = _layer_cost(c, lambda k: _conv(k, a)), _layer_cost(c, lambda k: _conv(k, job))
     except CodegenError:
         return job
-    return a if faster else job
+    _decide(c, job.name, "channel_augmentation", {"augmented": ca, "plain": cp}, "augmented" if ca < cp else "plain")
+    return a if ca < cp else job
 
 
 # ---- a producer and its only consumer in one superlayer (on-chip intermediate) ---------------------------------
@@ -1310,7 +1319,10 @@ def _try_fuse(c: _Ctx, pj: "ConvJob | AluJob", qj: "AluJob | ConvJob") -> bool:
         split = cost(t, p_alone, (lambda k: _conv(k, qj)) if isinstance(qj, ConvJob) else (lambda k: _alu(k, qj)))
     except CodegenError:
         split = None
-    if split is not None and fused >= split:
+    take = split is None or fused < split
+    _decide(c, f"{pj.name} + {qj.name}", "fuse_conv" if conv_pair else "fuse", {"fused": fused, "split": split},
+            "fused" if take else "split")
+    if not take:
         return False
     _fused(c, pj, qj)
     return True
@@ -1620,8 +1632,12 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
     prog, contested = _generate(*args, conv_first=False)
     if contested:
         alt, _ = _generate(*args, conv_first=True)
-        if _cycles(cycles, target, alt.instructions) < _cycles(cycles, target, prog.instructions):
+        ca, cp = _cycles(cycles, target, alt.instructions), _cycles(cycles, target, prog.instructions)
+        if ca < cp:
             prog = alt
+        prog.stats["decisions"].append({"layer": "(whole subgraph)", "decision": "contested pairs",
+                                        "chosen": "producer + CONV consumer" if ca < cp else "CONV + ALU consumer",
+                                        "cycles": {"producer + CONV consumer": ca, "CONV + ALU consumer": cp}})
     if log:
         st = prog.stats
         log(f"{name}: {len(prog.layers)} layers, {st['instructions']} instructions, {st['const_bytes']} parameter "
@@ -1656,6 +1672,7 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
     c.pipeline = pipeline
     c.fuse_conv = fuse_conv
     c.cascade = pool_cascade
+    c.decisions = []
     c.cycles = cycles
     c.param_align = TOKEN_LINES if prefetch_layers else 1   # one layer's parameters share no key with the next's
     fm: dict[str, FMap] = {}
@@ -1826,7 +1843,7 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
                       [_image(i, fm[i], _t(graph.ops[i]).shape) for i in inputs],
                       [_image(o, fm[o], _t(graph.ops[o]).shape) for o in outputs], internal, c.workload,
                       {"instructions": len(instrs), "const_bytes": len(c.blob),
-                       "workspace_bytes": sizes[REG_WORKSPACE]})
+                       "workspace_bytes": sizes[REG_WORKSPACE], "decisions": c.decisions or []})
     return prog, contested
 
 
@@ -1973,7 +1990,10 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
         stages = _pool_cascade(op, win, x, mode, d)
         if stages and c.capture is None and c.cascade:
             job = AluJob(op.name, x, out, win, mode, full)
-            if _layer_cost(c, _cascade_step(job, stages)) < _layer_cost(c, lambda k: _alu(k, job)):
+            cc, cs = _layer_cost(c, _cascade_step(job, stages)), _layer_cost(c, lambda k: _alu(k, job))
+            _decide(c, op.name, "pool_cascade", {"cascade " + "/".join(map(str, stages)): cc, "single": cs},
+                    "cascade " + "/".join(map(str, stages)) if cc < cs else "single")
+            if cc < cs:
                 _cascade_step(job, stages)(c)
                 return
         _run(c, AluJob(op.name, x, out, win, mode, full))

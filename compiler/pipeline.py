@@ -423,11 +423,38 @@ class CompileResult:
     dumps: dict[str, dict] = field(default_factory=dict)
     org_bytes: bytes = b""
 
+    def report(self) -> dict:
+        """The compile report: per DPU subgraph its size and every per-layer choice of the code generator with
+        the estimated cycles of each form it tried (the chosen one and the rejected ones; docs/compiler.md)."""
+        return {"name": self.name, "target": self.meta.get("target"),
+                "passes": [dict(name=n, summary=s) for n, s in self.summaries],
+                "subgraphs": [{"name": n, "instructions": len(p.instructions), "layers": len(p.layers),
+                               "const_bytes": p.stats.get("const_bytes"),
+                               "workspace_bytes": p.stats.get("workspace_bytes"),
+                               "decisions": p.stats.get("decisions", [])} for n, p in self.programs.items()]}
+
+    def report_text(self) -> str:
+        r = self.report()
+        lines = [f"compile report: {r['name']} for {r['target']}"]
+        lines += [f"  pass {p['name']}: {p['summary']}" for p in r["passes"]]
+        for sg in r["subgraphs"]:
+            lines.append(f"DPU subgraph {sg['name']}: {sg['instructions']} instructions, {sg['layers']} layers, "
+                         f"{len(sg['decisions'])} decisions")
+            for d in sg["decisions"]:
+                alts = ", ".join(f"{k} {'-' if v is None else v}" + (" *" if k == d["chosen"] else "")
+                                 for k, v in d["cycles"].items())
+                lines.append(f"  {d['decision']:20s} {d['layer']}: {d['chosen']} ({alts})")
+        lines.append("(cycles: the estimate the choice was made by; * marks the form taken)")
+        return "\n".join(lines) + "\n"
+
     def files(self) -> dict[str, bytes]:
-        """File name -> content: <name>.xmodel, <name>_org.xmodel, meta.json and any dump_after_<pass>.json."""
+        """File name -> content: <name>.xmodel, <name>_org.xmodel, meta.json, report.json / report.txt (the
+        compile report) and any dump_after_<pass>.json."""
         out = {f"{self.name}.xmodel": self.graph.serialize(),
                f"{self.name}_org.xmodel": self.org_bytes or self.org.serialize(),
-               "meta.json": (json.dumps(self.meta, indent=1) + "\n").encode()}
+               "meta.json": (json.dumps(self.meta, indent=1) + "\n").encode(),
+               "report.json": (json.dumps(self.report(), indent=1) + "\n").encode(),
+               "report.txt": self.report_text().encode()}
         for p, d in self.dumps.items():
             out[f"dump_after_{p}.json"] = (json.dumps(d, indent=1, default=str) + "\n").encode()
         return out

@@ -906,7 +906,7 @@ def _compile_target(a):
 
 
 def cmd_compile(a) -> int:
-    """vai_c_xir: a quantized xmodel -> DIR/NAME.xmodel, DIR/NAME_org.xmodel, DIR/meta.json."""
+    """vai_c_xir: a quantized xmodel -> DIR/NAME.xmodel, DIR/NAME_org.xmodel, DIR/meta.json, DIR/report.json/.txt."""
     from opendpu.compiler.pipeline import check_dump_after, check_graph, check_name, parse_options
     from opendpu.compiler.partition import format_coverage, target_label
     from opendpu.compiler.pipeline import compile as compile_graph

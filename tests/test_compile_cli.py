@@ -57,7 +57,8 @@ def _raw_outputs(path: str, backend: str, images: np.ndarray) -> list[dict]:
 
 def test_compile_writes_the_three_files(compiled, capsys):
     target, out = compiled
-    assert sorted(os.listdir(out)) == sorted([MARKER, "digits.xmodel", "digits_org.xmodel", "meta.json"])
+    assert sorted(os.listdir(out)) == sorted([MARKER, "digits.xmodel", "digits_org.xmodel", "meta.json",
+                                              "report.json", "report.txt"])
     meta = json.loads((out / "meta.json").read_text())
     g = Graph.load(str(out / "digits.xmodel"))
     sgs = dpu_subgraphs(g)
@@ -155,7 +156,7 @@ def test_build_quantizes_compiles_and_checks(tmp_path, capsys):
     assert rc == 0, o
     assert (out / "quantized" / "digits_cnn_int.xmodel").is_file()
     assert sorted(os.listdir(out / "compiled")) == sorted([MARKER, "digits_cnn.xmodel", "digits_cnn_org.xmodel",
-                                                          "meta.json"])
+                                                          "meta.json", "report.json", "report.txt"])
     assert "Total device subgraph number 2, DPU subgraph number 1" in o and "PASS " in o
     assert not [p for p in os.listdir(out) if p.startswith(".opendpu-tmp")]
 
@@ -197,6 +198,35 @@ def test_a_cpu_op_in_the_middle(tmp_path, capsys):
         assert a.keys() == b.keys() and all(np.array_equal(a[n], b[n]) for n in a)
     assert cli(["check", str(tmp_path / "c" / "mid.xmodel")]) == 0
     assert capsys.readouterr().out.count("PASS ") == 2
+
+
+def test_compile_report_records_every_choice_with_its_alternatives():
+    """report.json: per DPU subgraph each per-layer choice of the code generator with the estimated cycles of every
+    form tried; the form taken is the cheapest one (ties: the simpler form), and turning an optimisation off
+    removes its decisions."""
+    from opendpu.runtime.costmodel import cycle_model
+    g = Graph.load(model_path("yolox_nano_b4096"))
+    t = DpuSubgraph(g, dpu_subgraphs(g)[0]).target
+    res = compile_graph(g, t, recompile=True, name="y", cycles=cycle_model)
+    rep = json.loads(res.files()["report.json"])
+    (sg,) = rep["subgraphs"]
+    kinds = {d["decision"] for d in sg["decisions"]}
+    assert {"channel_augmentation", "fuse", "fuse_conv", "contested pairs"} <= kinds, kinds
+    taken_fused = 0
+    for d in sg["decisions"]:
+        costs = {k: v for k, v in d["cycles"].items() if v is not None}
+        assert len(d["cycles"]) >= 2 and d["chosen"] in d["cycles"] and costs
+        assert costs[d["chosen"]] == min(costs.values()), d
+        taken_fused += d["decision"] in ("fuse", "fuse_conv") and d["chosen"] == "fused"
+    # every fused pair taken is one layer of the program holding both ops
+    assert taken_fused == sum(1 for ly in res.programs[sg["name"]].layers
+                              if sum(res.org.ops[o].type in ("conv2d-fix", "depthwise-conv2d-fix", "pool-fix")
+                                     for o in ly.ops) >= 2) and taken_fused > 0
+    text = res.files()["report.txt"].decode()
+    assert f"DPU subgraph {sg['name']}: {sg['instructions']} instructions" in text and " *" in text
+    off = compile_graph(g, t, recompile=True, name="y", cycles=cycle_model, fuse=False, fuse_conv=False,
+                        channel_augmentation=False)
+    assert {d["decision"] for d in off.report()["subgraphs"][0]["decisions"]} <= {"pool_cascade"}
 
 
 # ---- AMD's programs as the reference ----------------------------------------------------------------------
@@ -242,8 +272,8 @@ def test_api_output_ops_prefetch_and_dump(quantized):
     listing = res.dumps["emit"]["programs"][sg.name]["listing"]
     assert len(listing) == len(res.programs[sg.name].instructions)
     files = res.files()
-    assert set(files) == {"cut.xmodel", "cut_org.xmodel", "meta.json", "dump_after_partition.json",
-                          "dump_after_emit.json"}
+    assert set(files) == {"cut.xmodel", "cut_org.xmodel", "meta.json", "report.json", "report.txt",
+                          "dump_after_partition.json", "dump_after_emit.json"}
     # the cut graph's output is the reference value of that op
     gr = GraphRunner(Graph.load(xm), backend="ref")
     x = gr.prepare_input(gr.get_inputs()[0], images[0][None].transpose(0, 2, 3, 1))
