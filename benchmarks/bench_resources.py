@@ -28,7 +28,8 @@ def main() -> int:
               + ("  (held out)" if x["held_out"] else ""))
     worst = max(abs(x["error_pct"]) for x in rows if x["held_out"])
     print(f"\nlargest held-out error: {worst:.2f} % (goal <= 10 %)")
-    print(f"\n{'preset':7s} {'DSP':>5s} {'BRAM36':>7s} {'LUT (PG338-scaled)':>19s}   our RTL (make synth): DSP, BRAM36, LUT, FF")
+    print(f"\n{'preset':7s} {'DSP':>5s} {'BRAM36':>7s} {'LUT (PG338-scaled)':>19s}   "
+          "our RTL (make synth): DSP, BRAM36, LUT, FF")
     for n in r.PG338_DSP:
         e = r.estimate(n)
         ours = r.OURS_SYNTH.get(n)

@@ -107,8 +107,9 @@ def estimate(target: "Target | str", ram: str = "low", dsp: str = "high", coef: 
     return {"target": t.name, "ram": ram, "dsp_usage": dsp, "macs": _macs(t), "dsp": round(d),
             "bram36": round(2 * b) / 2, "lut": round(lut), "ff": round(_ours_line("ff", _macs(t))),
             "lut_ours": round(_ours_line("lut", _macs(t))), "uram": 0,
-            "sources": {"dsp": "PG338 fit", "bram36": "PG338 fit", "lut": "PG338 B4096 x MACs / 2048 (assumed; low for small cores, whose fixed control logic "
-                                   "is not scaled)",
+            "sources": {"dsp": "PG338 fit", "bram36": "PG338 fit",
+                        "lut": "PG338 B4096 x MACs / 2048 (assumed; low for small cores, whose fixed control logic "
+                               "is not scaled)",
                         "ff": "our RTL synthesis, linear in MACs", "lut_ours": "our RTL synthesis, linear in MACs"}}
 
 
