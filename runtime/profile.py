@@ -331,24 +331,24 @@ class Profile:
 
     def plot(self, path: str) -> None:
         """Write `figure()` to `path`; the suffix picks the format, one of PLOT_FORMATS (else ValueError)."""
-        fmt = os.path.splitext(os.fspath(path))[1].lower().lstrip(".")
-        if fmt not in PLOT_FORMATS:
-            raise ValueError(f"cannot write a figure to {os.fspath(path)}: unsupported suffix "
-                             f"{'.' + fmt if fmt else '(none)'}; use one of "
-                             f"{', '.join('.' + f for f in PLOT_FORMATS)}")
-        from opendpu.runtime.plots import save_figure
-        fig = self.figure()
-        save_figure(fig, path, fmt)
+        _save(path, self.figure)
 
     def roofline(self, path: str) -> None:
         """Write the per-layer roofline (runtime/plots.py `roofline_figure`) to `path` (a PLOT_FORMATS suffix)."""
-        fmt = os.path.splitext(os.fspath(path))[1].lower().lstrip(".")
-        if fmt not in PLOT_FORMATS:
-            raise ValueError(f"cannot write a figure to {os.fspath(path)}: unsupported suffix "
-                             f"{'.' + fmt if fmt else '(none)'}; use one of "
-                             f"{', '.join('.' + f for f in PLOT_FORMATS)}")
-        from opendpu.runtime.plots import roofline_figure, save_figure
-        save_figure(roofline_figure(self), path, fmt)
+        from opendpu.runtime.plots import roofline_figure
+        _save(path, lambda: roofline_figure(self))
+
+
+def _save(path: str, make) -> None:
+    """Write the figure `make()` builds to `path`, in the format its suffix names (one of PLOT_FORMATS, else
+    ValueError before anything is built)."""
+    fmt = os.path.splitext(os.fspath(path))[1].lower().lstrip(".")
+    if fmt not in PLOT_FORMATS:
+        raise ValueError(f"cannot write a figure to {os.fspath(path)}: unsupported suffix "
+                         f"{'.' + fmt if fmt else '(none)'}; use one of "
+                         f"{', '.join('.' + f for f in PLOT_FORMATS)}")
+    from opendpu.runtime.plots import save_figure
+    save_figure(make(), path, fmt)
 
 
 SIDE_COLUMNS = ("layer", "rt_ms_a", "rt_ms_b", "rt_ratio", "cycles_a", "cycles_b", "ldwb_mb_a", "ldwb_mb_b",
