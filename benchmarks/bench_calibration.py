@@ -31,9 +31,9 @@ from opendpu.runtime.profile import profile_graph  # noqa: E402
 from opendpu.sim.multicore import throughput  # noqa: E402
 
 
-def compiled(name: str, target):
+def compiled(name: str, target, size=None):
     t0 = time.perf_counter()
-    res = compile_graph(quantized(name, zoo.DEFAULT_SIZE[name]), target, name=name, cycles=cycle_model)
+    res = compile_graph(quantized(name, size or zoo.DEFAULT_SIZE[name]), target, name=name, cycles=cycle_model)
     return res.graph, time.perf_counter() - t0
 
 
@@ -81,11 +81,13 @@ def main() -> int:
               f"{t.timing.board_ddr_mbps} MB/s)")
         runs = []
         for pname, (gops, fps) in cal.PG338_FPS.items():
-            zname = cal.PG338_ZOO[pname]
-            if zname is None:
+            entry = cal.PG338_ZOO[pname]
+            if entry is None:
                 runs.append((pname, gops, fps, None, None))
                 continue
-            gz, sec = (g, 0.0) if zname == "resnet50_caffe" else compiled(zname, t)
+            zname, (h, w) = entry
+            gz, sec = (g, 0.0) if zname == "resnet50_caffe" else compiled(zname, t, h if h == w else (h, w))
+            print(f"  {zname} {h}x{w}: compiled in {sec:.1f} s", flush=True)
             prof = profile_graph(gz, target=t)
             sub = prof.rows(layers=False)
             nbytes = int(sum(r["ldwb_mb"] + r["ldfm_mb"] + r["stfm_mb"] for r in sub) * cal.MB)

@@ -14,9 +14,9 @@ from opendpu.quant.onnx_in import QuantError
 
 OPSET = 17
 NAMES = ("resnet18", "resnet50", "resnet50_caffe", "mobilenet_v1", "mobilenet_v2", "squeezenet", "inception_v1",
-         "tiny_yolo", "tiny_yolo_v2")
+         "tiny_yolo", "tiny_yolo_v2", "yolov3")
 DEFAULT_SIZE = {"resnet18": 224, "resnet50": 224, "resnet50_caffe": 224, "mobilenet_v1": 224, "mobilenet_v2": 224,
-                "squeezenet": 224, "inception_v1": 224, "tiny_yolo": 416, "tiny_yolo_v2": 416}
+                "squeezenet": 224, "inception_v1": 224, "tiny_yolo": 416, "tiny_yolo_v2": 416, "yolov3": 416}
 DIGITS_ONNX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "digits_cnn.onnx")
 
 # Published compute and size of each model at its default input size. "macs" are multiply-accumulates
@@ -58,6 +58,10 @@ PUBLISHED: dict[str, dict] = {
                                "Tiny-YOLO (6.97 GOPs); params counted by hand from the cfg: conv weights "
                                "15,855,536 + BN 6,112 + detection bias 125",
                      "vitis_ai": "PG338 Tiny-YOLO 6.97G"},
+    "yolov3": {"macs": 32_930_000_000, "params": 61_949_149,
+               "source": "darknet yolov3.cfg: 65.86 BFLOPs at 416 (2*MACs); 61,949,149 parameters (Ultralytics' "
+                         "yolov3 summary); PG338's YOLO-V3 512x256 is this network at 256x512 (input_size=(256, 512))",
+               "vitis_ai": "PG338 YOLO-V3 512x256 53.7G"},
 }
 for _p in PUBLISHED.values():
     _p["gops"] = 2 * _p["macs"] / 1e9
@@ -340,6 +344,42 @@ def _tiny_yolo_v2(b: _Builder, x: str, ncls: int = 20):
     return ["output"]
 
 
+def _yolov3(b: _Builder, x: str, ncls: int = 80):
+    """darknet YOLOv3: the Darknet-53 backbone (residual blocks of a 1x1 halving and a 3x3 restoring conv) and three
+    detection heads at 1/32, 1/16 and 1/8 of the input, joined by 1x1 convs, 2x nearest upsampling and concats."""
+    nout = 3 * (ncls + 5)
+    k = [0]
+
+    def cbl(x, cin, cout, ksz, stride=1, gain=2.0):
+        k[0] += 1
+        return b.conv_bn(x, cin, cout, ksz, f"conv{k[0]}", act="leaky", stride=stride, gain=gain)
+
+    x = cbl(x, 3, 32, 3, gain=1.0)
+    cin, routes = 32, []
+    for cout, n in ((64, 1), (128, 2), (256, 8), (512, 8), (1024, 4)):
+        x = cbl(x, cin, cout, 3, stride=2)
+        for i in range(n):
+            y = cbl(cbl(x, cout, cout // 2, 1), cout // 2, cout, 3, gain=0.5)
+            x = b.node("Add", [x, y], f"res{k[0]}")
+        cin = cout
+        routes.append(x)
+    outs = []
+    for head, (width, skip) in enumerate(((512, None), (256, routes[3]), (128, routes[2]))):
+        if skip is not None:
+            x = cbl(x, cin, width, 1)
+            x = b.node("Resize", [x, "", b.const("upsample.scales", [1.0, 1.0, 2.0, 2.0])], f"upsample{head}",
+                       mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+            x = b.node("Concat", [x, skip], f"route{head}", axis=1)
+            cin = width + (512 if head == 1 else 256)
+        for i in range(5):
+            x = cbl(x, cin if i == 0 else (width if i % 2 == 1 else 2 * width), width if i % 2 == 0 else 2 * width,
+                    1 if i % 2 == 0 else 3)
+        cin = width
+        y = cbl(x, width, 2 * width, 3)
+        outs.append(b.conv(y, 2 * width, nout, 1, f"detect{head}", bias=True, output=f"output{head}"))
+    return outs
+
+
 _BUILDERS = {
     "resnet18": lambda b, x: _resnet(b, x, False, (2, 2, 2, 2)),
     "resnet50": lambda b, x: _resnet(b, x, True, (3, 4, 6, 3)),
@@ -350,10 +390,22 @@ _BUILDERS = {
     "inception_v1": _inception_v1,
     "tiny_yolo": _tiny_yolo,
     "tiny_yolo_v2": _tiny_yolo_v2,
+    "yolov3": _yolov3,
 }
 
 
 MIN_SIZE, MAX_SIZE = 32, 1024
+
+
+def _check_hw(input_size) -> tuple[int, int]:
+    """(H, W) of an input size: an int (square) or a pair (H, W), each in MIN_SIZE..MAX_SIZE."""
+    if isinstance(input_size, (tuple, list)):
+        if len(input_size) != 2:
+            raise QuantError(f"zoo input size {input_size!r}: give one size or a pair (H, W)")
+        h, w = (_check_size(v) for v in input_size)
+        return h, w
+    s = _check_size(input_size)
+    return s, s
 
 
 def _check_size(input_size) -> int:
@@ -366,16 +418,18 @@ def _check_size(input_size) -> int:
     return size
 
 
-def build(name: str, input_size: int | None = None, seed: int = 0) -> onnx.ModelProto:
-    """Float32 NCHW ONNX model of topology `name` (input "input" [1,3,S,S]) with weights from default_rng(seed)."""
+def build(name: str, input_size: "int | tuple[int, int] | None" = None, seed: int = 0) -> onnx.ModelProto:
+    """Float32 NCHW ONNX model of topology `name` (input "input" [1,3,S,S], or [1,3,H,W] for input_size=(H, W))
+    with weights from default_rng(seed)."""
     if not isinstance(name, str) or name not in _BUILDERS:
         raise QuantError(f"unknown zoo model {name!r}; allowed names: {', '.join(NAMES)}")
-    size = DEFAULT_SIZE[name] if input_size is None else _check_size(input_size)
+    h, w = _check_hw(DEFAULT_SIZE[name] if input_size is None else input_size)
+    size = h if h == w else f"{h}x{w}"
     b = _Builder(np.random.default_rng(seed))
     outs = _BUILDERS[name](b, "input")
     outs = [outs] if isinstance(outs, str) else outs
     graph = helper.make_graph(
-        b.nodes, name, [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
+        b.nodes, name, [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, h, w])],
         [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], initializer=b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="opendpu.quant.zoo")
     model.ir_version = 8
@@ -455,7 +509,7 @@ def summary(names=None, input_size=None, models: dict | None = None) -> list[dic
         if not isinstance(n, str) or n not in _BUILDERS:
             raise QuantError(f"unknown zoo model {n!r}; allowed names: {', '.join(NAMES)}")
     if input_size is not None:
-        _check_size(input_size)
+        _check_hw(input_size)
     for n in names:
         m = build(n, input_size)
         dims = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]

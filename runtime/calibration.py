@@ -220,11 +220,12 @@ PG338_FPS: dict[str, tuple[float, float]] = {
     "YOLO-V2": (82.5, 24.0),
     "YOLO-V3 512x256": (53.7, 43.0),
 }
-# Our zoo topology for each PG338 row, or None where none is built: PG338's 82.5-GOP YOLO-V2 matches no darknet
-# YOLOv2 input size we could identify, and the zoo builds square inputs only (YOLO-V3 is 512x256).
-PG338_ZOO: dict[str, str | None] = {
-    "Inception-v1": "inception_v1", "ResNet50": "resnet50_caffe", "SqueezeNet": "squeezenet",
-    "Tiny-YOLO": "tiny_yolo_v2", "YOLO-V2": None, "YOLO-V3 512x256": None,
+# Our zoo topology and input size (H, W) for each PG338 row, or None where none is built: PG338's 82.5-GOP
+# YOLO-V2 matches no darknet YOLOv2 input size we could identify (608x608 COCO is 62.9).
+PG338_ZOO: dict[str, tuple[str, tuple[int, int]] | None] = {
+    "Inception-v1": ("inception_v1", (224, 224)), "ResNet50": ("resnet50_caffe", (224, 224)),
+    "SqueezeNet": ("squeezenet", (224, 224)), "Tiny-YOLO": ("tiny_yolo_v2", (416, 416)), "YOLO-V2": None,
+    "YOLO-V3 512x256": ("yolov3", (256, 512)),
 }
 
 

@@ -51,8 +51,9 @@ def quantized(name: str, size: int | None = None) -> Graph:
         model, calib = zoo.DIGITS_ONNX, zoo.digits_data()[0][:40]
     else:
         s = zoo.DEFAULT_SIZE[name] if size is None else size
+        h, w = s if isinstance(s, tuple) else (s, s)
         model = zoo.build(name, s)
-        calib = np.random.default_rng(0).normal(0, 1, (4, 3, s, s)).astype(np.float32)
+        calib = np.random.default_rng(0).normal(0, 1, (4, 3, h, w)).astype(np.float32)
     res = quantize(model, calib, config=QuantConfig(method="maxmin"))
     return Graph.deserialize(res.xmodel().serialize())
 

@@ -10,8 +10,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from opendpu.quant import zoo
+from opendpu.quant.onnx_in import QuantError
 
-CLASSIFIERS = tuple(n for n in zoo.NAMES if not n.startswith("tiny_yolo"))
+CLASSIFIERS = tuple(n for n in zoo.NAMES if "yolo" not in n)
 
 
 def _out_shapes(name, size):
@@ -19,6 +20,8 @@ def _out_shapes(name, size):
         return [(1, 255, size // 32, size // 32), (1, 255, size // 16, size // 16)]
     if name == "tiny_yolo_v2":
         return [(1, 125, size // 32, size // 32)]
+    if name == "yolov3":
+        return [(1, 255, size // d, size // d) for d in (32, 16, 8)]
     return [(1, 1000)]
 
 
@@ -39,7 +42,8 @@ def test_default_size_valid_and_matches_published(name):
     assert m.graph.name == name
     assert [i.name for i in m.graph.input] == ["input"]
     assert [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [1, 3, size, size]
-    assert [o.name for o in m.graph.output] == (["output0", "output1"] if name == "tiny_yolo" else ["output"])
+    assert [o.name for o in m.graph.output] == {"tiny_yolo": ["output0", "output1"],
+                                                "yolov3": ["output0", "output1", "output2"]}.get(name, ["output"])
     assert [tuple(d.dim_value for d in o.type.tensor_type.shape.dim) for o in m.graph.output] == \
         _out_shapes(name, size)
     names = [n.name for n in m.graph.node]
@@ -52,7 +56,7 @@ def test_default_size_valid_and_matches_published(name):
 
 @pytest.mark.parametrize("name", zoo.NAMES)
 def test_small_sizes_run_in_onnxruntime(name):
-    for size in ((64, 96) if name.startswith("tiny_yolo") else (32, 64)):
+    for size in ((64, 96) if "yolo" in name else (32, 64)):
         m = zoo.build(name, size)
         onnx.checker.check_model(m)
         x = np.random.default_rng(size).standard_normal((1, 3, size, size)).astype(np.float32)
@@ -87,6 +91,9 @@ def test_structure():
     assert strided == [f"res{s}a_{br}" for s in (3, 4, 5) for br in ("branch1", "branch2a")]
     assert _ops(m["resnet50_caffe"]).count("Add") == 16
     assert [nd.op_type for nd in m["tiny_yolo_v2"].graph.node].count("MaxPool") == 6
+    # YOLOv3: 23 residual adds in Darknet-53 (1 + 2 + 8 + 8 + 4), 75 convs, 2 upsamples joined by concats
+    y3 = _ops(m["yolov3"])
+    assert y3.count("Add") == 23 and y3.count("Conv") == 75 and y3.count("Resize") == 2 and y3.count("Concat") == 2
     dw = [nd for nd in m["mobilenet_v1"].graph.node if nd.op_type == "Conv"
           and helper.get_attribute_value(next(a for a in nd.attribute if a.name == "group")) > 1]
     assert len(dw) == 13
@@ -193,3 +200,14 @@ def test_digits_onnx_accuracy():
     acc = float((pred == y_te).mean())
     assert acc >= 0.96
     assert abs(acc - stored) < 1e-9
+
+
+def test_non_square_input():
+    m = zoo.build("yolov3", (256, 512))
+    assert [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 256, 512]
+    assert [[d.dim_value for d in o.type.tensor_type.shape.dim] for o in m.graph.output] == \
+        [[1, 255, 256 // d, 512 // d] for d in (32, 16, 8)]
+    # 65.864 GOPs at 416x416 scale with the pixels: 49.885 GOPs at 256x512 (PG338 lists 53.7)
+    assert zoo.count(m)["gops"] == pytest.approx(65.864075264 * 256 * 512 / 416 ** 2, rel=1e-6)
+    with pytest.raises(QuantError, match="give one size or a pair"):
+        zoo.build("yolov3", (256, 512, 3))
