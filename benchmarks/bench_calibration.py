@@ -51,7 +51,8 @@ def main() -> int:
           f"x {t.timing.ddr_efficiency_pct} % ({board.source})\n")
 
     g, sec = compiled("resnet50_caffe", t)
-    cmp = cal.compare_resnet50(profile_graph(g, target=t).rows())
+    prof = profile_graph(g, target=t)
+    cmp = cal.compare_resnet50(prof.rows(), cal.layer_ops(prof))
     ov = cal.best_overhead(cmp)
     fitted = cal.with_overhead(cmp, ov)
     print(f"Table 1: UG1414 vaitrace ResNet-50 vs our resnet50_caffe on B4096 (compiled in {sec:.1f} s), "
@@ -67,7 +68,8 @@ def main() -> int:
         grid = []
         for lat, cl, ls in itertools.product((30, 60, 120), (8, 16, 64), (4, 32)):
             tt = t.with_timing(ddr_latency=lat, conv_latency=cl, load_setup=ls)
-            c = cal.compare_resnet50(profile_graph(g, target=tt).rows())
+            pt = profile_graph(g, target=tt)
+            c = cal.compare_resnet50(pt.rows(), cal.layer_ops(pt))
             o = cal.best_overhead(c)
             s = cal.score(cal.with_overhead(c, o))
             grid.append({"ddr_latency": lat, "conv_latency": cl, "load_setup": ls, "overhead_ms": o, **s})

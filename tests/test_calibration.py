@@ -168,3 +168,22 @@ def test_profile_board_bad_input(tmp_path, capsys):
     assert main(["profile", amd, "--compare-csv", str(tmp_path / "s.csv")]) == 2
     assert "--compare-csv needs --compare" in capsys.readouterr().err
     assert not (tmp_path / "s.csv").exists()
+
+
+def test_a_fused_layer_groups_the_rows_it_spans():
+    """Our layer holding res2a_branch2a and res2a_branch2b (fused) is compared with the sum of AMD's two rows, and
+    counts as 2 rows in the score; the per-row overhead is added twice there."""
+    rows = _rows(rt=0.2)
+    fused = next(r for r in rows if r["subgraph"] == "subgraph_res2a_branch2a")
+    rows = [r for r in rows if r["subgraph"] != "subgraph_res2a_branch2b"]
+    ops = {"subgraph_res2a_branch2a": ["res2a_branch2a", "res2a_branch2b", "res2a_branch2b_relu"]}
+    cmp = cal.compare_resnet50(rows, ops)
+    assert len(cmp) == 54
+    g = next(c for c in cmp if c.rows == 2)
+    assert g.name == "res2a_branch2a + res2a_branch2b" and g.layers == [fused["subgraph"]]
+    assert g.amd_rt == pytest.approx(0.189 + 0.285) and g.rt == pytest.approx(0.2)
+    assert cal.score(cmp)["rows"] == 55 and cal.score(cmp)["groups"] == 54
+    assert next(c for c in cal.with_overhead(cmp, 0.1) if c.rows == 2).rt == pytest.approx(0.4)
+    # without the op lists the fused layer is placed by its name only: res2a_branch2b has no layer
+    with pytest.raises(ValueError, match="no layer of ours for UG1414 row.s. res2a_branch2b"):
+        cal.compare_resnet50(rows)
