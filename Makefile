@@ -4,7 +4,7 @@ SHARED  ?= ../shared
 MODELS  := $(SHARED)/models
 export AMARANTH_USE_YOSYS ?= builtin
 
-.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-compile bench-recompile proto clean synth bench-synth
+.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-compile bench-recompile bench-calibration bench-resources proto clean synth bench-synth
 
 all: test
 
@@ -58,6 +58,15 @@ bench-compile: venv
 # the shared AMD models recompiled by opendpu beside AMD's programs; YOLOX-nano on every preset
 bench-recompile: venv
 	$(PY) benchmarks/bench_recompile.py --models $(MODELS) --retarget
+
+# The cycle model beside UG1414's vaitrace ResNet-50 table and PG338's fps (docs/calibration.md); the resource model
+# beside PG338's DSP / BRAM tables (docs/resources.md).
+bench-calibration: venv
+	@mkdir -p build
+	$(PY) benchmarks/bench_calibration.py --json build/bench_calibration.json
+
+bench-resources: venv
+	$(PY) benchmarks/bench_resources.py
 
 bench-rtl: venv iverilog
 	$(PY) benchmarks/bench_rtl.py --models $(MODELS) --flows

@@ -91,10 +91,8 @@ def main() -> int:
             gz, sec = (g, 0.0) if zname == "resnet50_caffe" else compiled(zname, t, h if h == w else (h, w))
             print(f"  {zname} {h}x{w}: compiled in {sec:.1f} s", flush=True)
             prof = profile_graph(gz, target=t)
-            sub = prof.rows(layers=False)
-            nbytes = int(sum(r["ldwb_mb"] + r["ldfm_mb"] + r["stfm_mb"] for r in sub) * cal.MB)
-            runs.append((pname, gops, fps, zname, (prof.total_cycles, nbytes, len(prof.subgraphs),
-                                                   sum(r["wl_gop"] for r in sub))))
+            runs.append((pname, gops, fps, zname, (prof.total_cycles, prof.ddr_bytes, len(prof.subgraphs),
+                                                   sum(sp.workload for sp in prof.subgraphs) / 1e9)))
         measured = [(c[0], c[1], c[2], fps) for _, _, fps, z, c in runs if z]
         fit = cal.fit_frame_overhead(measured, t)
         print(f"fitted host overhead per DPU run: {fit} us (the board profile uses {t.timing.frame_overhead_us} us)")

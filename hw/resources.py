@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from opendpu.isa.target import PRESETS, Target, get_target
+from opendpu.isa.target import Target, get_target
 
 # PG338 (DPUCZDX8G product guide), resource tables: BRAM36K with low / high RAM usage, DSP48 with high / low DSP usage,
 # LUTs of B4096 with high / low DSP usage.
@@ -36,18 +36,15 @@ HOLDOUT = ("B1152", "B3136")
 BRAM18_BITS = 18 * 1024
 
 
-def _short(t: Target) -> str:
-    return t.name.rsplit("_", 1)[1] if t.name in PRESETS else t.name
-
-
 def _macs(t: Target) -> int:
-    return t.pp * t.icp * t.ocp
+    return t.peak_ops_per_cycle // 2             # PP x ICP x OCP: two operations per MAC
 
 
 def bram18_halves(t: Target, img_bg: int | None = None) -> int:
-    """Block-RAM 18-Kib halves holding every bank of `t` (image groups: `img_bg`, default the target's)."""
+    """Block-RAM 18-Kib halves holding every bank of `t`, with `img_bg` image bank groups (default the target's)
+    in place of the target's own: every bank is bank_depth x bank_width bytes."""
     per = -(-t.bank_depth * t.bank_width * 8 // BRAM18_BITS)
-    banks = (t.img_bg if img_bg is None else img_bg) * t.pp + t.ocp + 2
+    banks = t.num_banks - t.num_img_banks + (t.img_bg if img_bg is None else img_bg) * t.pp
     return banks * per
 
 
@@ -94,15 +91,15 @@ def coefficients() -> dict[str, np.ndarray]:
 
 def estimate(target: "Target | str", ram: str = "low", dsp: str = "high", coef: dict | None = None) -> dict:
     """DSP48E2, BRAM36, LUT and FF of a DPUCZDX8G with `target`'s array (any PP, CP, bank depth, image bank
-    groups), for PG338's "low"/"high" RAM usage (2 / 3 image bank groups when the target has 2) and "high"/"low"
-    DSP usage. LUT/FF scale PG338's B4096 LUTs (and our synthesis's LUT:FF ratio) by MACs: an assumption."""
+    groups), for PG338's "low"/"high" RAM usage (2 / 3 image bank groups when the target has 2; a target with
+    another group count keeps its own) and "high"/"low" DSP usage. `sources` names where each figure comes from."""
     if ram not in ("low", "high") or dsp not in ("low", "high"):
         raise ValueError(f"ram and dsp usage are 'low' or 'high', got ram={ram!r}, dsp={dsp!r}")
     t = get_target(target)
     c = coef or coefficients()
     img_bg = t.img_bg if t.img_bg != 2 else (2 if ram == "low" else 3)
     d = float(np.dot(c[f"dsp_{dsp}"], _features(t, f"dsp_{dsp}")))
-    b = float(c[f"bram_{'low' if img_bg == 2 else 'high'}"][0] * bram18_halves(t, img_bg) / 2)
+    b = float(c["bram_high" if img_bg == 3 else "bram_low"][0] * bram18_halves(t, img_bg) / 2)
     lut = PG338_LUT_B4096[dsp] * _macs(t) / 2048
     return {"target": t.name, "ram": ram, "dsp_usage": dsp, "macs": _macs(t), "dsp": round(d),
             "bram36": round(2 * b) / 2, "lut": round(lut), "ff": round(_ours_line("ff", _macs(t))),

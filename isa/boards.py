@@ -1,7 +1,8 @@
 """Board profiles: the DPU configuration of a board's reference design (arch, cores, clock) and its DDR.
 
-`--board NAME` sets `Target.timing` clock_mhz, cores, board_ddr_mbps and ddr_efficiency_pct (docs/calibration.md
-gives the sources and the fitted efficiency). A board names an arch preset, which a compiled model must match.
+`--board NAME` sets `Target.timing` clock_mhz, cores, board_ddr_mbps, ddr_efficiency_pct and frame_overhead_us
+(docs/calibration.md gives the sources and the fitted overhead). A board names an arch preset; a compiled model
+must have that array size (PP, CP, ALU_PP), whatever its other options.
 """
 from __future__ import annotations
 

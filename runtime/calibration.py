@@ -2,14 +2,18 @@
 
 UG1414's vaitrace text summary of ResNet-50 on a DPUCZDX8G (Figure 37) gives per layer WL, RT, LdWB, LdFM and
 StFM. `compare_resnet50` lines our profile of the zoo's Caffe ResNet-50 (`resnet50_caffe`) compiled for B4096 up
-with it row by row; `fit` searches a handful of global `Target.timing` parameters (never one per layer) for the
-smallest RT error; `pg338_fps` gives the fps of a board profile's cores beside PG338's performance table.
+with it row by row, `score` gives the acceptance figures and `best_overhead` fits the one per-row launch cost of
+vaitrace's fine-grained mode. `PG338_FPS` / `PG338_ZOO` are PG338's fps table and our model for each row, and
+`fit_frame_overhead` fits the host time per DPU run (sim/multicore.py) on it. benchmarks/bench_calibration.py
+prints all of it.
 """
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass
+
+from opendpu.sim.multicore import throughput
 
 # UG1414 (v3.5) Figure 37, "vaitrace --txt" DPU Summary of ResNet-50: (SubGraph, WL GOP, RT ms, LdWB MB, LdFM MB,
 # StFM MB). "-0" there (a value in (0, 0.001)) is 0.0 here. MB is 2**20 bytes: res5a_branch2b's LdWB 2.250 is
@@ -79,7 +83,6 @@ UG1414_RESNET50: tuple[tuple[str, float, float, float, float, float], ...] = (
 _BP_ROWS = {"res2c": "res2b_downsample_bp_by_fake_downsample_0", "res3d": "res3c_downsample_bp_by_fake_downsample_1",
             "res4f": "res4e_downsample_bp_by_fake_downsample_2"}
 _BLOCK = re.compile(r"(res[2-5][a-f])(?:_(branch1|branch2[abc]))?")
-MB = 1 << 20
 
 
 def ug1414_row(layer: str) -> str | None:
@@ -204,7 +207,7 @@ def score(cmp: list[RowComparison], tol: float = 0.25) -> dict:
     return {"rows": n, "groups": len(cmp), "rt_within": within, "rt_within_pct": 100.0 * within / n,
             "ldwb_within_5pct": sum(c.rows for c in cmp if c.ldwb_ok), "total_rt_ms": rt, "amd_total_rt_ms": amd,
             "total_rt_err_pct": 100.0 * (rt / amd - 1),
-            "mean_abs_log_rt": sum(c.rows * abs(math.log(c.rt_ratio)) for c in cmp) / n}
+            "mean_abs_log_rt": sum(c.rows * abs(math.log(max(c.rt_ratio, 1e-9))) for c in cmp) / n}
 
 
 def format_comparison(cmp: list[RowComparison]) -> str:
@@ -265,8 +268,6 @@ def fit_frame_overhead(points: list[tuple[int, int, int, float]], target, step_u
     """The host overhead per DPU run (a multiple of `step_us`) whose fps (sim/multicore.py on `target`'s board
     timing) is closest to the published fps: smallest mean |ln(fps / published)| over `points`, each
     (DPU cycles per frame, DDR bytes per frame, DPU runs per frame, published fps)."""
-    from opendpu.sim.multicore import throughput
-
     def err(us: int) -> float:
         t = target.with_timing(frame_overhead_us=us)
         return sum(abs(math.log(throughput(c, b, t, runs=r).fps / f)) for c, b, r, f in points) / len(points)

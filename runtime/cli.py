@@ -485,7 +485,6 @@ def _board_timing(a, dpus) -> dict:
 
 def cmd_profile(a) -> int:
     from opendpu.runtime.profile import PLOT_FORMATS, format_side_by_side, profile_graph, side_by_side
-    from opendpu.sim.multicore import throughput
     input_file(a.model, "model")
     if a.compare:
         input_file(a.compare, "--compare model")
@@ -541,19 +540,22 @@ def cmd_profile(a) -> int:
         if bank:                            # cycles lost to the bank-port arbitration (docs/bank-ports.md)
             print("  bank-port stalls: " + ", ".join(f"{k} {v}" for k, v in bank.items()) + " cycles")
     if a.board:
-        t0 = prof.subgraphs[0].target
-        nbytes = int(sum(r["ldwb_mb"] + r["ldfm_mb"] + r["stfm_mb"] for r in prof.rows(layers=False)) * (1 << 20))
-        tp = throughput(prof.total_cycles, nbytes, t0, runs=len(prof.subgraphs))
-        tmg = t0.timing
+        tp = prof.throughput()
+        tmg = prof.subgraphs[0].target.timing
         print(f"\nboard {a.board}: {tmg.cores} core(s) at {tmg.clock_mhz:g} MHz, host {tmg.frame_overhead_us} us per "
               f"DPU run, DDR {tmg.board_ddr_mbps} MB/s x {tmg.ddr_efficiency_pct} %: {tp.fps:.1f} fps "
               f"({'DDR-bound' if tp.ddr_bound else 'compute-bound'}; {tp.latency_ms:.3f} ms per frame per core, "
-              f"{nbytes / 1e6:.2f} MB per frame, {tp.ddr_mbps:.0f} MB/s of DDR) [docs/calibration.md]")
+              f"{tp.ddr_bytes / 1e6:.2f} MB per frame, {tp.ddr_mbps:.0f} MB/s of DDR) [docs/calibration.md]")
     side = None
     if other is not None:
         oprof = profile_graph(other, timing=tm, model=os.path.basename(a.compare))
-        side = side_by_side(prof, oprof)
+        try:
+            side = side_by_side(prof, oprof)
+        except ValueError as e:
+            raise CliError(f"--compare {a.compare}: {e}") from None
+        both = sum(1 for r in side[:-1] if r["rt_ms_a"] is not None and r["rt_ms_b"] is not None)
         print("\n" + format_side_by_side(side, a.model, a.compare))
+        print(f"{both} layer(s) in both programs, {len(side) - 1 - both} in one only")
 
     def write_txt(p):
         with open(p, "w") as f:

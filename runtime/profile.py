@@ -199,6 +199,17 @@ class Profile:
         return sum(s.ms for s in self.subgraphs)
 
     @property
+    def ddr_bytes(self) -> int:
+        """DDR bytes read and written by one batch through every DPU subgraph."""
+        return sum(sp.ld_wb + sp.ld_fm + sp.st_fm for sp in self.subgraphs)
+
+    def throughput(self):
+        """fps of the first subgraph's target's `cores` on its board timing (sim/multicore.py): every DPU
+        subgraph one DPU run per frame."""
+        from opendpu.sim.multicore import throughput
+        return throughput(self.total_cycles, self.ddr_bytes, self.subgraphs[0].target, runs=len(self.subgraphs))
+
+    @property
     def fps(self) -> float:
         """Frames per second of one batch through every DPU subgraph in turn: 1000 / total_ms."""
         return 1000.0 / self.total_ms if self.total_ms > 0 else 0.0
@@ -358,9 +369,11 @@ SIDE_COLUMNS = ("layer", "rt_ms_a", "rt_ms_b", "rt_ratio", "cycles_a", "cycles_b
 def side_by_side(a: "Profile", b: "Profile") -> list[dict]:
     """Two profiles of the same graph (ours and AMD's program, or two configurations), layer by layer: the
     layers of `a` in order, then those only `b` has; a layer missing on one side has None there. The last row
-    is the total (every DPU subgraph)."""
+    is the total (every DPU subgraph). Two profiles with no layer name in common are refused (ValueError)."""
     ra = {r["subgraph"]: r for r in a.rows(layers=True) if r["level"] == "layer"}
     rb = {r["subgraph"]: r for r in b.rows(layers=True) if r["level"] == "layer"}
+    if not set(ra) & set(rb):
+        raise ValueError(f"{a.model} and {b.model} have no layer in common: not two programs of one graph")
     names = list(ra) + [n for n in rb if n not in ra]
     out = []
 

@@ -154,6 +154,7 @@ def test_profile_board_roofline_and_side_by_side(tmp_path, capsys):
     assert both and all(float(r["rt_ratio"]) == pytest.approx(float(r["rt_ms_b"]) / float(r["rt_ms_a"]))
                         for r in both)
     assert f"A = {ours}" in out and f"B = {amd}" in out
+    assert f"{len(both)} layer(s) in both programs" in out
 
 
 def test_profile_board_bad_input(tmp_path, capsys):
@@ -187,3 +188,32 @@ def test_a_fused_layer_groups_the_rows_it_spans():
     # without the op lists the fused layer is placed by its name only: res2a_branch2b has no layer
     with pytest.raises(ValueError, match="no layer of ours for UG1414 row.s. res2a_branch2b"):
         cal.compare_resnet50(rows)
+
+
+def test_profile_ddr_bytes_equal_the_executors_counts():
+    """Profile.ddr_bytes (from the cycle model's per-instruction DDR traffic) equals what the functional executor
+    moved running the same program (its LOAD / SAVE byte counters)."""
+    import numpy as np
+    from conftest import model_path
+
+    from opendpu.compiler.xir.graph import Graph
+    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+    from opendpu.runtime.profile import profile_graph
+    g = Graph.load(model_path("dpu_mnist_classifier"))
+    d = DpuSubgraph(g, dpu_subgraphs(g)[0])
+    m = d.new_machine(0)
+    rng = np.random.default_rng(0)
+    d.run_sim([rng.integers(-128, 128, s.dims).astype(np.int8) for s in d.inputs], machine=m)
+    moved = sum(m.stats["load_bytes"].values()) + sum(m.stats["save_bytes"].values())
+    prof = profile_graph(g)
+    assert prof.ddr_bytes == moved > 0
+    tp = prof.throughput()                                  # no board: one core, no DDR bound
+    assert tp.fps == pytest.approx(300e6 / prof.total_cycles) and not tp.ddr_bound
+
+
+def test_compare_refuses_two_unrelated_programs(capsys):
+    from conftest import model_path
+    main = _cli()
+    assert main(["profile", model_path("dpu_mnist_classifier"), "--compare", model_path("yolox_nano_b4096")]) == 2
+    err = capsys.readouterr().err
+    assert "have no layer in common: not two programs of one graph" in err and "Traceback" not in err

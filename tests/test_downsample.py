@@ -55,6 +55,19 @@ def test_nothing_to_do_on_torchvision_resnet50():
     assert downsample_bp(h) == []
 
 
+def test_only_floor_windows_that_read_exactly_the_picked_pixels():
+    """A reader in CEIL mode, or one whose output is not ceil(n / s) pixels, keeps its producer whole."""
+    g = quantized("resnet50_caffe", SIZE)
+    h = clone(g)
+    h.ops["res3a_branch1"].attrs.set("pad_mode", "CEIL")
+    lines = downsample_bp(h)
+    assert len(lines) == 6 and h.ops["res2c_branch2b"].attrs["stride"] == [1, 1]
+    assert h.ops["res3d_branch2b"].attrs["stride"] == [2, 2]
+    h = clone(g)
+    h.ops["res4a_branch2a"].output.shape[1] += 1           # claims one more row than the stride-2 picks give
+    assert len(downsample_bp(h)) == 6 and h.ops["res3d_branch2b"].attrs["stride"] == [1, 1]
+
+
 def test_protected_outputs_keep_their_resolution():
     g = quantized("resnet50_caffe", SIZE)
     h = clone(g)
