@@ -925,9 +925,9 @@ def cmd_compile(a) -> int:
     res = compile_graph(g, target, name=name, recompile=a.recompile, dump_after=dumps, log=print, cycles=cycle_model,
                         **opts)
     with DirOutput(a.output_dir, force=a.force, inputs=inputs, what="output directory (-o)") as tmp:
-        res.write(tmp)
+        written = [os.path.basename(p) for p in res.write(tmp)]       # files() serialises the graph: once
     print(format_coverage(res.meta["coverage"], target_label(target)))
-    for f in res.files():
+    for f in written:
         print(f"wrote {os.path.join(a.output_dir, f)}")
     return 0
 
