@@ -1320,11 +1320,32 @@ def _try_fuse(c: _Ctx, pj: "ConvJob | AluJob", qj: "AluJob | ConvJob") -> bool:
     except CodegenError:
         split = None
     take = split is None or fused < split
+    # the scratch run starts with empty parameter rings; the real ones may wrap elsewhere and refuse the pair
+    # (e.g. the two layers' weights overlapping in the CONVW ring): then it is undone and the layers go split
+    if take and not _emit_or_undo(c, lambda: _fused(c, pj, qj)):
+        take, fused = False, None
     _decide(c, f"{pj.name} + {qj.name}", "fuse_conv" if conv_pair else "fuse", {"fused": fused, "split": split},
             "fused" if take else "split")
-    if not take:
+    return take
+
+
+def _emit_or_undo(c: _Ctx, emit: Callable[[], None]) -> bool:
+    """Run `emit` on the real context; on CodegenError take back what it emitted (instructions, CONST bytes,
+    ring allocations, workload) and return False."""
+    rings = [c.convw, c.bias, c.dwconvw, *c.img]
+    saved = (len(c.s.ins), len(c.blob), [r.ptr for r in rings], c.workload, c.s.layer,
+             len(c.decisions) if c.decisions is not None else 0)
+    try:
+        emit()
+    except CodegenError:
+        n, nb, ptrs, wl, layer, nd = saved
+        del c.s.ins[n:], c.s.layer_of[n:], c.blob[nb:]
+        for r, p in zip(rings, ptrs):
+            r.ptr = p
+        c.workload, c.s.layer = wl, layer
+        if c.decisions is not None:
+            del c.decisions[nd:]
         return False
-    _fused(c, pj, qj)
     return True
 
 

@@ -578,7 +578,34 @@ def cmd_profile(a) -> int:
     return 0
 
 
+def _arch_sweep_wanted(a) -> bool:
+    """An architecture sweep (compile per point) unless the command is the timing-only sweep of one compiled
+    program: one .xmodel, --param over timing fields only, no --spec, -o, --constraint or other sweep option."""
+    from opendpu.isa.target import Timing
+    if a.spec or a.output or a.constraint or a.samples or a.plot or a.verify_rtl or a.executor != "local" \
+            or len(a.models) != 1 or not a.models[0].endswith(".xmodel"):
+        return True
+    for s in a.param or []:
+        if s.split("=", 1)[0].strip() not in Timing.__dataclass_fields__:
+            return True
+    if a.models and os.path.isfile(a.models[0]):
+        from opendpu.compiler.frontend import detect_form
+        try:
+            return detect_form(_load_graph(a.models[0])) != "compiled"
+        except Exception:                    # noqa: BLE001 - the timing-only path reports the file's problem
+            return False
+    return False
+
+
 def cmd_sweep(a) -> int:
+    if _arch_sweep_wanted(a):
+        from opendpu.runtime.sweep_cli import cmd_arch_sweep
+        return cmd_arch_sweep(a)
+    a.model = a.models[0]
+    return _timing_sweep(a)
+
+
+def _timing_sweep(a) -> int:
     from opendpu.isa.target import get_target
     from opendpu.runtime.dpu import DpuSubgraph
     from opendpu.runtime.progress import progress_bar
@@ -1057,8 +1084,11 @@ _EXAMPLES = {
     "profile": """examples:
   opendpu profile model.xmodel --trace t.json --plot p.png --csv layers.csv
   opendpu profile model.xmodel --timing ddr_latency=80 --clock-mhz 250""",
-    "sweep": "examples:\n  opendpu sweep model.xmodel --param ddr_bytes_per_cycle=8,16,32 --param clock_mhz=200,300 "
-             "--csv s.csv",
+    "sweep": """examples:
+  opendpu sweep zoo:resnet50 zoo:mobilenet_v2 --param preset=B512,B1024,B4096 --param board=zcu102,kv260 -o sw
+  opendpu sweep net.onnx --calib c.npy --param pp=2,4,8 --param cp=8,12,16 --constraint 'dsp <= 1248' -o sw --plot sw
+  opendpu sweep --spec sweep.toml -o sw --executor ray --address 10.0.0.1:6379
+  opendpu sweep model.xmodel --param ddr_bytes_per_cycle=8,16,32 --param clock_mhz=200,300 --csv s.csv""",
     "cosim": """examples:
   opendpu cosim dpu_mnist_classifier.xmodel
   opendpu cosim --random 5 --target DPUCZDX8G_ISA1_B512 --instructions 100 --waves wave_dir""",
@@ -1169,12 +1199,37 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--compare-csv", metavar="S.csv", help="write the side-by-side rows as CSV")
     plugin(pr)
     pr.set_defaults(fn=cmd_profile)
-    sw = verb("sweep", "timing-only sweep of timing parameters (cycles, latency, fps, busy)")
-    sw.add_argument("model")
+    sw = verb("sweep", "sweep DPU configurations (compile and time models per point: fps, resources, Pareto) or "
+                       "the timing parameters of one compiled program")
+    sw.add_argument("models", nargs="*", metavar="MODEL",
+                    help="models: .onnx, quantized or compiled .xmodel (recompiled per point), zoo:NAME[@SIZE]; one "
+                         "compiled .xmodel with timing --param only is the timing-only sweep of its program")
     sw.add_argument("--param", action="append", metavar="NAME=V1,V2,...",
-                    help="a timing parameter and its values; several --param give the cartesian product")
-    sw.add_argument("--target", help="preset, fingerprint or arch.json (timing base); must match the model")
-    sw.add_argument("--csv", metavar="S.csv", help="write the rows as CSV")
+                    help="a parameter and its values (preset, board, pp, cp, alu_pp, bank_depth, img_bg or a timing "
+                         "field); several --param give the cartesian product")
+    sw.add_argument("--spec", metavar="SWEEP.toml", help="a sweep file: [[model]], [[space]], constraints, seed "
+                                                          "(docs/sweeps.md); the same file gives the same points")
+    sw.add_argument("--samples", type=int_range(1, 10**6), metavar="N", help="N random points of the --param grid")
+    sw.add_argument("--seed", type=int_range(0, 2**32 - 1), help="seed of --samples (default 0)")
+    sw.add_argument("--constraint", action="append", metavar="EXPR",
+                    help="e.g. 'dsp <= 1248' (a KV260) or 'bram36 <= 144'; resource constraints drop points before "
+                         "compiling, others (fps, latency_ms, ...) keep them off the Pareto front")
+    sw.add_argument("--calib", metavar="DATA", help="calibration data for ONNX models (.npy/.npz/folder; default: "
+                                                    "random N(0,1) samples, cycles do not depend on values)")
+    sw.add_argument("-o", "--output", metavar="DIR", help="sweep directory: per-point results (resumable), "
+                                                          "sweep.csv/.json/.parquet, pareto.csv, summary.md/.html")
+    sw.add_argument("--cache", metavar="DIR", help="compile cache (default ~/.cache/opendpu/sweep)")
+    sw.add_argument("--executor", choices=("local", "ray"), default="local",
+                    help="local process pool (default) or a Ray cluster (--address)")
+    sw.add_argument("--address", metavar="HOST:PORT", help="Ray cluster address (default: start a local one)")
+    sw.add_argument("--workers", type=int_range(1, 256), metavar="N", help="local worker processes (default: CPUs)")
+    sw.add_argument("--plot", metavar="DIR", help="write the figures (Pareto, heatmap, bottleneck breakdown) here")
+    sw.add_argument("--heatmap", metavar="PX,PY", help="the two swept parameters of the heatmap")
+    sw.add_argument("--breakdown", metavar="HASH", help="the point (hash) of the per-layer bottleneck figure")
+    sw.add_argument("--verify-rtl", type=int_range(0, 100), default=0, metavar="K",
+                    help="co-simulate K points of the first model's Pareto front on the RTL")
+    sw.add_argument("--target", help="timing-only sweep: preset, fingerprint or arch.json (must match the model)")
+    sw.add_argument("--csv", metavar="S.csv", help="timing-only sweep: write the rows as CSV")
     sw.set_defaults(fn=cmd_sweep)
     cs = verb("cosim", "co-simulate the RTL against the cycle model (bytes and cycles)")
     cs.add_argument("model", nargs="?", help="xmodel (every DPU subgraph, random inputs)")

@@ -32,7 +32,7 @@ import numpy as np
 from opendpu.compiler.fixpoint import conv_shifts
 from opendpu.compiler.xir.graph import Graph
 from opendpu.isa.fields import FIELD_INDEX, OPS, Engine
-from opendpu.isa.program import OP_INDEX
+from opendpu.isa.program import OP_INDEX, ProgramArrays
 from opendpu.isa.target import Target
 from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU, dpu_subgraphs
 from opendpu.sim.timing import Schedule, simulate
@@ -664,6 +664,51 @@ def profile_subgraph(dpu: DpuSubgraph, target: Target | None = None) -> Subgraph
     return sp
 
 
+@dataclass
+class ProgramSummary:
+    """What a timing profile needs of one compiled DPU subgraph, without its graph: small and picklable, so a
+    sweep caches it per compiled configuration and times it under many timings (`profile_summary`)."""
+
+    name: str
+    arrays: ProgramArrays
+    layers: list[tuple[str, int]]          # (layer name, workload) in profile order
+    layer_of: np.ndarray                   # layer index of each instruction
+    workload: int
+    const_regs: np.ndarray                 # [8] bool: the DDR registers holding the parameter blob (CONST)
+
+
+def summarize_subgraph(dpu: DpuSubgraph) -> ProgramSummary:
+    """The `ProgramSummary` of a DPU subgraph (the instruction -> layer map: the compiler's exact one, else the
+    attribution on the subgraph's own target)."""
+    layers = _layers_of(dpu)
+    exact = exact_layer_map(dpu) is not None
+    lay = _attribute(dpu, None if exact else simulate(dpu.arrays, dpu.target), layers)
+    const = np.array([dpu.reg_context.get(int(r), "") == "CONST" for r in range(8)])
+    return ProgramSummary(dpu.name, dpu.arrays, [(ly.name, ly.workload) for ly in layers], lay,
+                          int(dpu.sg.attrs.get("workload") or 0), const)
+
+
+def profile_summary(ps: ProgramSummary, target: Target) -> SubgraphProfile:
+    """`profile_subgraph` of a summarized program on `target` (same cycles, bytes and per-layer charge)."""
+    s = simulate(ps.arrays, target)
+    layers = [Layer(n, [], wl) for n, wl in ps.layers]
+    lay = ps.layer_of[:len(s)]
+    is_ld = s.ddr_read > 0
+    wb = is_ld & ps.const_regs[np.clip(s.ddr_reg, 0, 7)]
+    sp = SubgraphProfile(ps.name, target, s, layers, lay, ps.workload, int(s.ddr_read[wb].sum()),
+                         int(s.ddr_read[is_ld & ~wb].sum()), int(s.ddr_write.sum()))
+    if layers:
+        cyc, sp.runs = _charge_cycles(s, lay, len(layers))
+        for li, ly in enumerate(layers):
+            m = lay == li
+            ly.cycles = int(cyc[li])
+            ly.instructions = int(m.sum())
+            ly.ld_wb = int(s.ddr_read[m & wb].sum())
+            ly.ld_fm = int(s.ddr_read[m & is_ld & ~wb].sum())
+            ly.st_fm = int(s.ddr_write[m].sum())
+    return sp
+
+
 def profile_graph(graph: Graph, target: Target | None = None, timing: dict | None = None,
                   model: str = "") -> Profile:
     """Profile every DPU subgraph of `graph` (in graph order) on its own target (or `target`, which must
@@ -682,5 +727,6 @@ def profile_graph(graph: Graph, target: Target | None = None, timing: dict | Non
     return Profile(model or graph.name, subs, cores)
 
 
-__all__ = ["Profile", "SubgraphProfile", "Layer", "profile_graph", "profile_subgraph", "COLUMNS", "PLOT_FORMATS",
+__all__ = ["Profile", "SubgraphProfile", "Layer", "profile_graph", "profile_subgraph", "ProgramSummary",
+           "summarize_subgraph", "profile_summary", "COLUMNS", "PLOT_FORMATS",
            "TOTAL_SUFFIX", "side_by_side", "format_side_by_side", "SIDE_COLUMNS"]

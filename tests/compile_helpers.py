@@ -35,6 +35,8 @@ def target(key: str) -> Target:
     if key in PARAMETRIC:
         pp, cp, depth = PARAMETRIC[key]
         return Target.parametric(pp, cp, bank_depth=depth)
+    if key.startswith("PP"):                                   # any parametric array by name, PP8_CP32_D4096
+        return Target.from_name(key)
     return get_target(key if key in PRESETS else f"DPUCZDX8G_ISA1_{key}")
 
 

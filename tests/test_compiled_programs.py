@@ -103,6 +103,18 @@ def test_zoo_every_target(name, key):
     compiled.cache_clear()
 
 
+def test_fusion_refused_by_the_real_convw_ring_is_emitted_split():
+    """ResNet-50 on PP8/CP32 with 4096-line banks: the scratch run of layer4.1's conv pair fits, the real CONVW ring
+    (wrapped elsewhere) does not; the pair is undone and emitted split (it was a CodegenError), and the program
+    equals the reference, race-free."""
+    key = "PP8_CP32_D4096"
+    c = compiled("resnet50", 32, key)
+    ds = [d for p in c.programs.values() for d in p.stats["decisions"] if d["layer"].startswith("layer4.1.conv1")]
+    assert ds and ds[0]["chosen"] == "split" and ds[0]["cycles"]["fused"] is None
+    check_compiled("resnet50", 32, key, [graph_inputs(c.graph, 3)], timings=2)
+    compiled.cache_clear()
+
+
 def test_parametric_targets_have_the_asked_geometry():
     for key, (pp, cp, depth) in PARAMETRIC.items():
         t = target(key)

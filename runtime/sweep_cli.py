@@ -1,0 +1,228 @@
+"""`opendpu sweep` over DPU configurations (runtime/archsweep.py): the command line, outputs and RTL spot checks.
+
+`opendpu sweep MODEL... --param pp=4,8 --param cp=8,16 -o DIR` (or `--spec sweep.toml -o DIR`) compiles every
+model for every point, times it and writes DIR/sweep.csv, sweep.json, sweep.parquet, pareto.csv, the summary and,
+with --plot, the figures. DIR keeps one result per point: running the same command again skips finished points.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from opendpu.runtime.archsweep import (PARAMS, ROW_COLUMNS, Constraint, SweepError, SweepSpec, default_cache_dir,
+                                       expand, load_spec, parse_constraint, parse_model, point_id, prepare_model,
+                                       space_from_dict)
+from opendpu.runtime.cli_checks import CliError
+
+VERIFY_MAX_SIZE = 64           # --verify-rtl compiles a zoo model at most this large (input H and W)
+
+
+def _spec_from_args(a) -> SweepSpec:
+    """The sweep of --spec FILE, with the command line's models, --param axes and --constraint added."""
+    spec = load_spec(a.spec) if a.spec else SweepSpec([], [])
+    for m in a.models or []:
+        spec.models.append(parse_model(m, calib=a.calib))
+    if a.param:
+        axes: dict = {}
+        for s in a.param:
+            if "=" not in s:
+                raise SweepError(f"--param {s!r}: expected NAME=V1,V2,... (e.g. pp=4,8 or preset=B512,B4096)")
+            k, vals = (x.strip() for x in s.split("=", 1))
+            if k not in PARAMS:
+                raise SweepError(f"--param {k}: unknown parameter; known: {', '.join(PARAMS)}")
+            if k in axes:
+                raise SweepError(f"--param {k} is given twice; list all its values in one --param {k}=V1,V2,...")
+            parts = [v.strip() for v in vals.split(",")]
+            if not vals or any(not v for v in parts):
+                raise SweepError(f"--param {s!r}: empty value (an empty space)")
+            axes[k] = parts
+        d: dict = dict(axes)
+        if a.samples:
+            d.update(mode="random", samples=a.samples)
+        spec.spaces.append(space_from_dict(d, "--param"))
+    elif a.samples:
+        raise SweepError("--samples needs --param axes to sample from")
+    for c in a.constraint or []:
+        spec.constraints.append(parse_constraint(c))
+    if a.seed is not None:
+        spec.seed = a.seed
+    if not spec.models:
+        raise SweepError("no model: give MODEL arguments (.onnx, .xmodel or zoo:NAME) or [[model]] tables in --spec")
+    labels = [m.label for m in spec.models]
+    if len(set(labels)) != len(labels):
+        raise SweepError(f"two models have the same name ({', '.join(labels)}); set name = \"...\" in --spec")
+    return spec
+
+
+def _write_outputs(out: str, res, spec: SweepSpec, a) -> dict:
+    from opendpu.runtime import sweep_report as rep
+    rows = res.rows
+    files = {}
+    extra = {"spec": spec.to_dict(), "computed": res.computed, "reused": res.reused, "excluded": res.excluded}
+    for name, fn in (("sweep.csv", rep.write_csv), ("sweep.parquet", rep.write_parquet)):
+        p = os.path.join(out, name)
+        fn(rows, p, list(ROW_COLUMNS))
+        files[name] = p
+    p = os.path.join(out, "sweep.json")
+    rep.write_json(rows, p, list(ROW_COLUMNS), extra=extra)
+    files["sweep.json"] = p
+    front = rep.pareto_front(rows, "dsp", "fps") + rep.pareto_front(rows, "bram36", "fps")
+    p = os.path.join(out, "pareto.csv")
+    cols = ["front"] + list(ROW_COLUMNS)
+    rep.write_csv([{"front": "fps_vs_dsp", **r} for r in rep.pareto_front(rows, "dsp", "fps")]
+                  + [{"front": "fps_vs_bram36", **r} for r in rep.pareto_front(rows, "bram36", "fps")], p, cols)
+    files["pareto.csv"] = p
+    del front
+    heat = tuple(a.heatmap.split(",")) if a.heatmap else None
+    if heat is not None and len(heat) != 2:
+        raise SweepError(f"--heatmap {a.heatmap!r}: expected two swept parameters PX,PY (e.g. pp,cp)")
+    figs = rep.make_report(out, rows, res.results, a.plot, heatmap=heat, breakdown_hash=a.breakdown)
+    files.update(figs)
+    files.update({"summary.md": os.path.join(out, "summary.md"), "summary.html": os.path.join(out, "summary.html")})
+    return files
+
+
+def _print_table(rows: list[dict]) -> None:
+    cols = ("model", "point", "status", "cycles", "fps", "mac_util", "dsp", "bram36", "bottleneck")
+    ok = [r for r in rows if r["status"] == "ok"]
+    shown = sorted(ok, key=lambda r: (r["model"], -(r["fps"] or 0)))[:20]
+    if not shown:
+        return
+    print(f"{'model':16s} {'fps':>9s} {'cycles':>11s} {'MAC util':>8s} {'DSP':>6s} {'BRAM36':>7s} {'bound':>6s}  point")
+    for r in shown:
+        print(f"{r['model'][:16]:16s} {r['fps']:9.1f} {r['cycles']:11d} {r['mac_util']:8.3f} {r['dsp']:6d} "
+              f"{r['bram36']:7g} {str(r['bottleneck']):>6s}  {r['point']}")
+    if len(ok) > len(shown):
+        print(f"... {len(ok) - len(shown)} more ok points in sweep.csv")
+    del cols
+
+
+def cmd_arch_sweep(a) -> int:
+    """The architecture sweep: plan, run (resumable), write the tables, figures and summary, spot-check the RTL."""
+    from opendpu.runtime.archsweep import Store, plan, run
+    from opendpu.runtime.progress import progress_bar
+    try:
+        spec = _spec_from_args(a)
+        if not a.output:
+            raise SweepError("an architecture sweep keeps its results in a directory: give -o DIR (run the same "
+                             "command again to resume it)")
+        points = expand(spec)
+        cache = a.cache or default_cache_dir()
+        store = Store(a.output)
+        store.open(json.dumps(spec.to_dict(), indent=1, default=str))
+        os.makedirs(cache, exist_ok=True)
+        print(f"sweep: {len(spec.models)} model(s) x {len(points)} point(s); results in {a.output}, compile cache "
+              f"{cache}", flush=True)
+        models = [prepare_model(m, cache, seed=spec.seed, log=lambda s: print(s, flush=True)) for m in spec.models]
+        tasks, excl = plan(spec, models, cache)          # the constraint and configuration errors, before any work
+    except SweepError as e:
+        raise CliError(str(e)) from None
+    from opendpu.sim import warm_kernels
+    warm_kernels()                      # once in this process: forked workers inherit the compiled kernels
+    t0 = time.perf_counter()
+    total = len(tasks)
+    try:
+        with progress_bar(f"sweep {total} points", enabled=total > 0) as prog:
+            res = run(spec, models, store, cache, executor=a.executor, workers=a.workers, address=a.address,
+                      progress=prog)
+    except KeyboardInterrupt:
+        n = len(os.listdir(store.points))
+        print(f"opendpu sweep: interrupted; {n} point result(s) are kept in {a.output}: run the same command again "
+              f"to finish the sweep", file=sys.stderr)
+        return 130
+    except SweepError as e:
+        raise CliError(str(e)) from None
+    dt = time.perf_counter() - t0
+    ok = sum(r["status"] == "ok" for r in res.rows)
+    failed = sum(r["status"] == "failed" for r in res.rows)
+    print(f"sweep: {len(res.rows)} rows: {ok} ok, {failed} failed, {res.excluded} excluded by constraints; "
+          f"{res.computed} computed, {res.reused} taken from {a.output} ({dt:.1f} s)")
+    files = _write_outputs(a.output, res, spec, a)
+    _print_table(res.rows)
+    for name, p in files.items():
+        print(f"wrote {p}")
+    status = 0
+    for m in spec.models:
+        mine = [r for r in res.rows if r["model"] == m.label and r["status"] != "excluded"]
+        if mine and not any(r["status"] == "ok" for r in mine):
+            reasons = sorted({r["reason"] for r in mine})
+            print(f"opendpu sweep: error: model {m.label} failed on every point ({len(mine)}); first reason: "
+                  f"{reasons[0]}" + (f" (and {len(reasons) - 1} other reasons)" if len(reasons) > 1 else "")
+                  + f"; the results are kept in {a.output}", file=sys.stderr)
+            status = 2
+    if a.verify_rtl:
+        status = max(status, verify_rtl(spec, res.rows, a.verify_rtl, cache))
+    del excl
+    return status
+
+
+def verify_rtl(spec: SweepSpec, rows: list[dict], k: int, cache: str) -> int:
+    """Co-simulate K points of the fps-vs-DSP Pareto front of the first model on the RTL (bit and cycle exact).
+    A zoo model is compiled at an input of at most VERIFY_MAX_SIZE for this check."""
+    import numpy as np
+
+    from opendpu.compiler.pipeline import compile as compile_graph
+    from opendpu.compiler.xir.graph import Graph
+    from opendpu.runtime import sweep_report as rep
+    from opendpu.runtime.archsweep import build_target, compile_target
+    from opendpu.runtime.costmodel import cycle_model
+    from opendpu.runtime.cosim import cosim_programs, subgraph_program
+    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
+    m = spec.models[0]
+    front = [r for r in rep.pareto_front(rows, "dsp", "fps") if r["model"] == m.label]
+    seen, pick = set(), []
+    for r in sorted(front, key=lambda r: -r["fps"]):
+        key = (r["pp"], r["cp"], r["alu_pp"], r["bank_depth"], r["img_bg"])
+        if key not in seen:
+            seen.add(key)
+            pick.append(r)
+    # spread over the front: the fastest, the smallest and the ones between
+    if len(pick) > k:
+        idx = sorted({round(i * (len(pick) - 1) / max(1, k - 1)) for i in range(k)})
+        pick = [pick[i] for i in idx]
+    if not pick:
+        print(f"opendpu sweep: error: --verify-rtl: model {m.label} has no ok point on its Pareto front",
+              file=sys.stderr)
+        return 2
+    small = m
+    if m.source.startswith("zoo:") and m.source != "zoo:digits":
+        from opendpu.quant import zoo
+        size = m.size or zoo.DEFAULT_SIZE[m.source[4:]]
+        hw = size if isinstance(size, (list, tuple)) else (size, size)
+        if max(hw) > VERIFY_MAX_SIZE:
+            f = VERIFY_MAX_SIZE / max(hw)
+            small = parse_model(m.source, size=[max(32, int(v * f) // 32 * 32) for v in hw], label=m.label)
+    pm = prepare_model(small, cache, seed=spec.seed)
+    g = Graph.load(pm.path)
+    from opendpu.compiler.frontend import detect_form
+    bad = 0
+    rng = np.random.default_rng(spec.seed)
+    for r in pick:
+        t = build_target(json.loads(r["params"]))
+        res = compile_graph(g, compile_target(t), recompile=detect_form(g) == "compiled", cycles=cycle_model,
+                            **spec.options)
+        out = res.graph
+        progs = []
+        for sg in dpu_subgraphs(out):
+            d = DpuSubgraph(out, sg)
+            xs = [rng.integers(-128, 128, size=s.shape, dtype=np.int8) for s in d.inputs]
+            instrs, sizes, init = subgraph_program(d, xs)
+            progs.append((sg.name, instrs, sizes, init))
+        t0 = time.perf_counter()
+        reps = cosim_programs(t, progs)
+        ok = all(x.ok for x in reps)
+        bad += not ok
+        cyc = sum(x.rtl_cycles for x in reps)
+        size = "" if small is m else f" at {small.label}/{small.size}"
+        print(f"verify-rtl {r['point']}{size}: {len(reps)} DPU subgraph(s), RTL {cyc} cycles: "
+              f"{'MATCH' if ok else 'MISMATCH'} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        for x in reps:
+            if not x.ok:
+                print("  " + x.summary(), flush=True)
+    print(f"verify-rtl: {len(pick) - bad}/{len(pick)} Pareto points match the RTL bit and cycle for cycle")
+    return 1 if bad else 0
+
+
+__all__ = ["cmd_arch_sweep", "verify_rtl", "Constraint", "point_id"]
