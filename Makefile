@@ -4,7 +4,7 @@ SHARED  ?= ../shared
 MODELS  := $(SHARED)/models
 export AMARANTH_USE_YOSYS ?= builtin
 
-.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-compile bench-recompile bench-calibration bench-resources proto clean synth bench-synth
+.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-compile bench-recompile bench-calibration bench-resources bench-sweep proto clean synth bench-synth
 
 all: test
 
@@ -64,6 +64,11 @@ bench-recompile: venv
 bench-calibration: venv
 	@mkdir -p build
 	$(PY) benchmarks/bench_calibration.py --json build/bench_calibration.json
+
+# Architecture sweep (docs/sweeps.md): ResNet-50, MobileNet v2 and YOLOX-nano over 52 configurations, cold, then
+# 1,248 points on the warm compile cache; Pareto tables.
+bench-sweep: venv
+	$(PY) benchmarks/bench_sweep.py --models $(MODELS)
 
 bench-resources: venv
 	$(PY) benchmarks/bench_resources.py

@@ -151,10 +151,12 @@ def parse_model(text: str, size=None, calib: str | None = None, label: str | Non
         return ModelSpec(label or (name if size is None else f"{name}@{_size_text(size)}"), f"zoo:{name}", size)
     if not s:
         raise SweepError("model: empty name; give a path (.onnx, .xmodel) or zoo:NAME")
-    if not os.path.isfile(s):
-        raise SweepError(f"model {s}: no such file" if not os.path.exists(s) else f"model {s}: not a file")
+    if not os.path.exists(s):
+        raise SweepError(f"model {s}: no such file")
+    if os.path.isdir(s):
+        raise SweepError(f"model {s}: is a directory, not a model file")
     if not s.endswith((".onnx", ".xmodel")):
-        raise SweepError(f"model {s}: expected an .onnx or .xmodel file (or zoo:NAME)")
+        raise SweepError(f"model {s}: not an xmodel or ONNX file (give a .xmodel, a .onnx or zoo:NAME)")
     if calib is not None and not os.path.exists(calib):
         raise SweepError(f"model {s}: calibration data {calib}: no such file or folder")
     return ModelSpec(label or os.path.splitext(os.path.basename(s))[0], s, None, calib)
@@ -299,15 +301,19 @@ def spec_from_dict(d: dict, where: str = "sweep") -> SweepSpec:
     opts = d.get("options", {})
     if not isinstance(opts, dict):
         raise SweepError(f"{where}: options must be a table of compiler options")
-    return SweepSpec(models, spaces, [parse_constraint(c) for c in cons], _check_options(opts), seed)
+    try:
+        cs = [parse_constraint(c) for c in cons]
+    except SweepError as e:
+        raise SweepError(f"{where}: {e}") from None
+    return SweepSpec(models, spaces, cs, _check_options(opts, where), seed)
 
 
-def _check_options(opts: dict) -> dict:
+def _check_options(opts: dict, where: str) -> dict:
     from opendpu.compiler.pipeline import check_options
     try:
         return check_options(dict(opts))
     except (OpenDpuError, ValueError) as e:
-        raise SweepError(f"compiler options: {e}") from None
+        raise SweepError(f"{where}: compiler options: {e}") from None
 
 
 # ---- points ----------------------------------------------------------------------------------------------------

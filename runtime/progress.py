@@ -52,6 +52,7 @@ class PlainProgress:
         self.last_line = None            # clock of the last printed line
         self.state = None                # (done, total, what) of the last call
         self.printed = None              # state of the last printed line
+        self._stage_start = None         # ((stage, total), done, clock) when the current stage was first shown
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
@@ -62,7 +63,15 @@ class PlainProgress:
 
     def _fmt(self, done, total, what) -> str:
         where = f" [{done}/{total}]" if total else ""
-        return f"{self.desc}: {what}{where} ({self.clock() - self.t0:.0f} s)"
+        now = self.clock()
+        key = (_stage(what), total)
+        if self._stage_start is None or self._stage_start[0] != key:
+            self._stage_start = (key, done, now)
+        eta = ""
+        _, d0, t_s = self._stage_start
+        if total and d0 < done < total and now - t_s >= 1.0:       # the stage's own rate (resumed work excluded)
+            eta = f", ETA {(now - t_s) / (done - d0) * (total - done):.0f} s"
+        return f"{self.desc}: {what}{where} ({now - self.t0:.0f} s{eta})"
 
     def __call__(self, done: int, total: int, what: str) -> None:
         with self._lock:
@@ -117,12 +126,12 @@ def progress_bar(desc: str, enabled: bool = True, stream=None, interval: float =
         try:
             from rich.console import Console
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                       TimeElapsedColumn)
+                                       TimeElapsedColumn, TimeRemainingColumn)
         except ImportError:
             pass
         else:
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), console=Console(file=stream)) as bar:
+                          TimeElapsedColumn(), TimeRemainingColumn(), console=Console(file=stream)) as bar:
                 task = bar.add_task(desc, total=None)
 
                 def cb(done: int, total: int, what: str) -> None:

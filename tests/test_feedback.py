@@ -201,6 +201,18 @@ def test_plain_progress_lines():
     assert 5 <= len(rtl) <= 7                    # 25 s of fake time at one line per 5 s
 
 
+def test_plain_progress_eta():
+    """The remaining time from the stage's own rate: 4 points in 20 s, 6 left -> 30 s."""
+    from opendpu.runtime.progress import PlainProgress
+    clock = _FakeClock()
+    out = io.StringIO()
+    p = PlainProgress("sweep", out, interval=5.0, heartbeat=0, clock=clock)
+    p(10, 20, "resumed")                         # 10 points from an earlier run: not part of the rate
+    clock.t += 20
+    p(14, 20, "m pp=4")
+    assert out.getvalue().splitlines() == ["sweep: resumed [10/20] (0 s)", "sweep: m pp=4 [14/20] (20 s, ETA 30 s)"]
+
+
 def test_plain_progress_heartbeat():
     from opendpu.runtime.progress import PlainProgress
     clock = _FakeClock()

@@ -360,3 +360,44 @@ def test_parametric_and_preset_points_agree(tmp_path, cache, digits, target):
     a, b = A.run(sp, [digits], store, cache, workers=1).rows
     assert a["target"] == b["target"] == t.name and a["cycles"] == b["cycles"]
     assert Target.parametric(t.pp, t.cp).fingerprint == t.fingerprint
+
+
+# ---- RTL spot checks -------------------------------------------------------------------------------------------
+def test_cli_verify_rtl_one_point(tmp_path, cache, capsys):
+    """--verify-rtl 1: the digits CNN's best point (B512: as fast as B1024 with half the DSPs) on the RTL."""
+    argv = ["sweep", DIGITS, "--param", "preset=B512,B1024", "-o", str(tmp_path / "o"), "--cache", cache,
+            "--workers", "1", "--verify-rtl", "1"]
+    assert cli(argv) == 0
+    out = capsys.readouterr().out
+    assert "verify-rtl preset=B512:" in out and "MATCH" in out and "1/1 Pareto points match" in out
+
+
+@pytest.mark.slow
+def test_cli_verify_rtl_three_pareto_points(tmp_path, cache, capsys):
+    """--verify-rtl 3 on MobileNet v2 at 32x32: its fps-vs-DSP front is B512 < B1024 < B4096 (every larger array
+    is faster); all three co-simulate bit and cycle exact."""
+    argv = ["sweep", "zoo:mobilenet_v2@32", "--param", "preset=B512,B1024,B4096", "-o", str(tmp_path / "o"),
+            "--cache", cache, "--workers", "1", "--verify-rtl", "3"]
+    assert cli(argv) == 0
+    out = capsys.readouterr().out
+    for p in ("B512", "B1024", "B4096"):
+        assert f"verify-rtl preset={p}:" in out
+    assert "3/3 Pareto points match" in out and "MISMATCH" not in out
+
+
+@pytest.mark.parametrize("text, must", [
+    ("speed = 3\n[[model]]\nzoo = 'digits'\n[[space]]\npreset = ['B512']\n", "unknown key(s) speed"),
+    ("[[model]]\nzoo = 'digits'\npath = 'x.onnx'\n[[space]]\npreset = ['B512']\n", "exactly one of zoo"),
+    ("[[model]]\nzoo = 'digits'\n[[space]]\nbanks = [4]\n", "unknown parameter 'banks'"),
+    ("[[model]]\nzoo = 'digits'\n[[space]]\nmode = 'random'\npp = [4]\ncp = [8]\n", "needs samples >= 1"),
+    ("[[model]]\nzoo = 'digits'\n[[space]]\npreset = []\n", "no values (an empty space)"),
+    ("[[model]]\nzoo = 'digits'\n", "no parameter space"),
+    ("[[model]]\nzoo = 'digits'\n[[space]]\npreset = ['B512']\n[options]\nfuse_conv = 'maybe'\n", "fuse_conv"),
+    ("[[model]\n", "not valid TOML"),
+])
+def test_cli_bad_spec_file(tmp_path, cache, capsys, text, must):
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    err = _err(capsys, ["sweep", "--spec", str(p), "-o", str(tmp_path / "o"), "--cache", cache])
+    assert must in err and (str(p) in err or "no parameter space" in err)
+    assert not (tmp_path / "o" / "points").exists() or not os.listdir(tmp_path / "o" / "points")
