@@ -12,7 +12,6 @@ points; the same code evaluates a point in a local process pool or on Ray (`run`
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
 import hashlib
 import itertools
@@ -893,42 +892,118 @@ def _first_wave(todo: list[Task]) -> tuple[list[Task], list[Task]]:
 
 
 def _run_local(todo: list[Task], srcs: dict, finished, workers: int | None, retries: int) -> None:
-    """A local process pool. A worker that dies (killed, out of memory) breaks the pool: a new pool takes the
-    unfinished points, each at most `retries` more times, after which the point is a failed row."""
+    """A local pool of worker processes, one pipe each (no shared queue: a worker killed mid-point cannot leave a
+    lock held). A worker that dies is replaced and its point runs again, at most `retries` more times, after
+    which the point is a failed row. Ctrl-C kills the workers; every finished point is already stored."""
     workers = workers or max(1, min(os.cpu_count() or 1, 8))
     if workers == 1:
         for t in todo:
             t0 = time.perf_counter()
             finished(t, run_task(t, srcs.get(t.model_hash)), time.perf_counter() - t0)
         return
-    import multiprocessing as mp
-    ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    tries: dict[str, int] = {}
-    for wave in _first_wave(todo):
-        pending = list(wave)
-        while pending:
-            broken = False
-            started: dict[cf.Future, tuple[Task, float]] = {}
-            with cf.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-                for t in pending:
-                    started[pool.submit(run_task, t, srcs.get(t.model_hash))] = (t, time.perf_counter())
-                left = []
-                for fut in cf.as_completed(started):
-                    t, t0 = started[fut]
-                    try:
-                        res = fut.result()
-                    except cf.process.BrokenProcessPool:
-                        broken = True
-                        tries[t.hash] = tries.get(t.hash, 0) + 1
-                        if tries[t.hash] > retries:
-                            row = base_row(t)
-                            row.update(reason=f"worker died {tries[t.hash]} times on this point")
-                            finished(t, {**row, "layers": []}, time.perf_counter() - t0)
-                        else:
-                            left.append(t)
-                        continue
+    pool = _Pool(workers)
+    try:
+        for wave in _first_wave(todo):
+            pool.run(wave, srcs, finished, retries)
+    finally:
+        pool.close()
+
+
+def _worker(conn) -> None:
+    """A pool worker: (task, src) in, the point's result out, until None or the pipe closes."""
+    _ignore_sigint()
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        task, src = msg
+        conn.send(run_task(task, src))
+
+
+class _Pool:
+    def __init__(self, n: int):
+        import multiprocessing as mp
+        self.ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        self.n = n
+        self.idle: list = []                       # (conn, process)
+        self.busy: dict = {}                       # conn -> (process, task, t0)
+        self.tries: dict[str, int] = {}
+
+    def _spawn(self) -> None:
+        a, b = self.ctx.Pipe()
+        p = self.ctx.Process(target=_worker, args=(b,), daemon=True)
+        p.start()
+        b.close()
+        self.idle.append((a, p))
+
+    def run(self, tasks: list[Task], srcs: dict, finished, retries: int) -> None:
+        from multiprocessing.connection import wait
+        queue = list(reversed(tasks))
+        while queue or self.busy:
+            while queue and (self.idle or len(self.busy) < self.n):
+                if not self.idle:
+                    self._spawn()
+                conn, p = self.idle.pop()
+                t = queue.pop()
+                try:
+                    conn.send((t, srcs.get(t.model_hash)))
+                except (BrokenPipeError, OSError):        # died while idle: replace it, keep the point
+                    queue.append(t)
+                    p.kill()
+                    continue
+                self.busy[conn] = (p, t, time.perf_counter())
+            by_sentinel = {p.sentinel: c for c, (p, _, _) in self.busy.items()}
+            for r in wait(list(self.busy) + list(by_sentinel)):
+                conn = by_sentinel.get(r, r)
+                if conn not in self.busy:
+                    continue
+                p, t, t0 = self.busy[conn]
+                try:
+                    res = conn.recv() if conn.poll() else None
+                except (EOFError, OSError):
+                    res = None
+                if res is not None:
+                    del self.busy[conn]
+                    self.idle.append((conn, p))
                     finished(t, res, time.perf_counter() - t0)
-            pending = left if broken else []
+                    continue
+                if p.is_alive():                          # woken by the pipe without a full message yet
+                    continue
+                del self.busy[conn]                       # the worker died on this point
+                conn.close()
+                self.tries[t.hash] = self.tries.get(t.hash, 0) + 1
+                if self.tries[t.hash] > retries:
+                    row = base_row(t)
+                    row.update(reason=f"worker died {self.tries[t.hash]} times on this point (exit code "
+                                      f"{p.exitcode})")
+                    finished(t, {**row, "layers": []}, time.perf_counter() - t0)
+                else:
+                    queue.append(t)
+
+    def close(self) -> None:
+        procs = [p for _, p in self.idle] + [p for p, _, _ in self.busy.values()]
+        for c, _ in self.idle:
+            try:
+                c.send(None)
+            except OSError:
+                pass
+        for p in procs:
+            if p in [q for q, _, _ in self.busy.values()]:
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+
+
+def _ignore_sigint() -> None:
+    """Pool workers leave Ctrl-C to the parent, which cancels the sweep (finished points stay stored)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _run_ray(todo: list[Task], srcs: dict, finished, address: str | None, retries: int) -> None:

@@ -186,6 +186,32 @@ def test_resume_recomputes_no_finished_point(tmp_path, cache, digits):
     assert stable(third.rows) == stable(res.rows)
 
 
+def test_ctrl_c_keeps_finished_points_and_the_rerun_computes_only_the_rest(tmp_path, cache, digits):
+    """SIGINT to `opendpu sweep` (a pool of 2) while it runs: exit 130, the finished points stay; the same
+    command again computes exactly the points that were missing."""
+    import time
+    o = tmp_path / "o"
+    clocks = ",".join(str(c) for c in range(150, 400, 10))            # 8 presets x 25 clocks = 200 points
+    argv = [sys.executable, "-m", "opendpu.runtime.cli", "sweep", DIGITS, "--param",
+            "preset=B512,B800,B1024,B1152,B1600,B2304,B3136,B4096", "--param", f"clock_mhz={clocks}", "-o", str(o),
+            "--cache", cache, "--workers", "2"]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = o / "sweep.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 5):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "run the same command again" in err and "Traceback" not in err
+    kept = len(os.listdir(o / "points"))
+    assert 5 <= kept < 200
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"{200 - kept} computed, {kept} taken from" in r.stdout
+    assert len(log.read_text().splitlines()) == 200                   # every point evaluated exactly once
+
+
 def test_killed_pool_worker_costs_only_a_retry(tmp_path, cache, digits):
     sp = spec({"preset": ["B512", "B1024", "B1152", "B4096"], "clock_mhz": [250, 300]})
     ref_store = A.Store(str(tmp_path / "ref"))
@@ -270,8 +296,19 @@ def test_ray_backend_equals_local_pool_and_survives_a_killed_worker(tmp_path, ca
                 killed.append(pid)
                 break
 
+    seen = []
+
+    def stop_after_two(res):
+        seen.append(res["hash"])
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        A.run(sp, [digits], store, str(tmp_path / "ray-cache"), executor="ray", address=ray_cluster,
+              on_result=stop_after_two)
     res = A.run(sp, [digits], store, str(tmp_path / "ray-cache"), executor="ray", address=ray_cluster,
                 on_result=kill_one)
+    assert res.reused == 2 and res.computed == 4          # the interrupted run's two points are not recomputed
     assert killed
     assert [r["status"] for r in res.rows] == ["ok"] * 6, [r["reason"] for r in res.rows]
     assert stable(res.rows) == stable(local.rows)
