@@ -591,10 +591,19 @@ def write_summary(outdir: str, rows: Sequence[dict], figures: dict[str, str], ti
 
 
 def _default_heatmap(rows: Sequence[dict]) -> tuple[str, str] | None:
-    """The first two swept parameters with at least two distinct values, or None."""
+    """Two swept parameters with at least two distinct values each that are set together in the most rows (a
+    union of a preset space and a pp/cp space gives pp x cp, not preset x pp); the first such pair, or None."""
     multi = [p for p in swept_parameters(rows)
              if len({json.dumps(_param_value(r, p)) for r in rows if _param_value(r, p) is not None}) >= 2]
-    return (multi[0], multi[1]) if len(multi) >= 2 else None
+    best, score = None, 0
+    for i, a in enumerate(multi):
+        for b in multi[i + 1:]:
+            n = sum(1 for r in rows if a in _params(r) and b in _params(r))
+            if n > score:
+                best, score = (a, b), n
+    if best is None and len(multi) >= 2:
+        best = (multi[0], multi[1])
+    return best
 
 
 def make_report(outdir: str, rows: Sequence[dict], results_by_hash: dict[str, dict], plot_dir: str | None,

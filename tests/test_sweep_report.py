@@ -276,3 +276,15 @@ def test_make_report_all_failed(tmp_path):
     md = open(tmp_path / "summary.md").read()
     assert "- failed: 2" in md and "- 1 x `timeout`: M:pp=8" in md and "![" not in md
     assert os.path.isfile(tmp_path / "summary.html")
+
+
+def test_default_heatmap_takes_the_parameters_set_together():
+    """A union of a preset space and a pp x cp space: the heatmap is pp x cp (set together in 4 rows), not
+    preset x pp (never set together)."""
+    from opendpu.runtime.sweep_report import _default_heatmap
+    rows = [row("m", f"pp={pp};cp={cp}", fps=1.0) for pp in (4, 8) for cp in (8, 16)]
+    for name in ("B512", "B4096"):
+        r = row("m", "pp=1", fps=1.0)
+        r.update(point=f"preset={name}", params=json.dumps({"preset": name}))
+        rows.insert(0, r)
+    assert _default_heatmap(rows) == ("pp", "cp")
