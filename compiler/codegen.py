@@ -1322,10 +1322,11 @@ def _try_fuse(c: _Ctx, pj: "ConvJob | AluJob", qj: "AluJob | ConvJob") -> bool:
     take = split is None or fused < split
     # the scratch run starts with empty parameter rings; the real ones may wrap elsewhere and refuse the pair
     # (e.g. the two layers' weights overlapping in the CONVW ring): then it is undone and the layers go split
+    fused_cost: int | None = fused
     if take and not _emit_or_undo(c, lambda: _fused(c, pj, qj)):
-        take, fused = False, None
-    _decide(c, f"{pj.name} + {qj.name}", "fuse_conv" if conv_pair else "fuse", {"fused": fused, "split": split},
-            "fused" if take else "split")
+        take, fused_cost = False, None
+    _decide(c, f"{pj.name} + {qj.name}", "fuse_conv" if conv_pair else "fuse",
+            {"fused": fused_cost, "split": split}, "fused" if take else "split")
     return take
 
 
