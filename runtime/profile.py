@@ -648,10 +648,17 @@ def profile_subgraph(dpu: DpuSubgraph, target: Target | None = None) -> Subgraph
     layers = _layers_of(dpu)
     lay = _attribute(dpu, s, layers)
     const = np.array([dpu.reg_context.get(int(r), "") == "CONST" for r in range(8)])
+    return _charged(dpu.name, t, s, layers, lay, int(dpu.sg.attrs.get("workload") or 0), const)
+
+
+def _charged(name: str, t: Target, s: Schedule, layers: list[Layer], lay: np.ndarray, workload: int,
+             const: np.ndarray) -> SubgraphProfile:
+    """The profile of a timed program: DDR bytes split into weights (CONST registers) and feature maps, and each
+    layer's charged cycles, instructions and bytes."""
     is_ld = s.ddr_read > 0
     wb = is_ld & const[np.clip(s.ddr_reg, 0, 7)]
-    sp = SubgraphProfile(dpu.name, t, s, layers, lay, int(dpu.sg.attrs.get("workload") or 0),
-                         int(s.ddr_read[wb].sum()), int(s.ddr_read[is_ld & ~wb].sum()), int(s.ddr_write.sum()))
+    sp = SubgraphProfile(name, t, s, layers, lay, workload, int(s.ddr_read[wb].sum()),
+                         int(s.ddr_read[is_ld & ~wb].sum()), int(s.ddr_write.sum()))
     if layers:
         cyc, sp.runs = _charge_cycles(s, lay, len(layers))
         for li, ly in enumerate(layers):
@@ -691,22 +698,8 @@ def summarize_subgraph(dpu: DpuSubgraph) -> ProgramSummary:
 def profile_summary(ps: ProgramSummary, target: Target) -> SubgraphProfile:
     """`profile_subgraph` of a summarized program on `target` (same cycles, bytes and per-layer charge)."""
     s = simulate(ps.arrays, target)
-    layers = [Layer(n, [], wl) for n, wl in ps.layers]
-    lay = ps.layer_of[:len(s)]
-    is_ld = s.ddr_read > 0
-    wb = is_ld & ps.const_regs[np.clip(s.ddr_reg, 0, 7)]
-    sp = SubgraphProfile(ps.name, target, s, layers, lay, ps.workload, int(s.ddr_read[wb].sum()),
-                         int(s.ddr_read[is_ld & ~wb].sum()), int(s.ddr_write.sum()))
-    if layers:
-        cyc, sp.runs = _charge_cycles(s, lay, len(layers))
-        for li, ly in enumerate(layers):
-            m = lay == li
-            ly.cycles = int(cyc[li])
-            ly.instructions = int(m.sum())
-            ly.ld_wb = int(s.ddr_read[m & wb].sum())
-            ly.ld_fm = int(s.ddr_read[m & is_ld & ~wb].sum())
-            ly.st_fm = int(s.ddr_write[m].sum())
-    return sp
+    return _charged(ps.name, target, s, [Layer(n, [], wl) for n, wl in ps.layers], ps.layer_of[:len(s)],
+                    ps.workload, ps.const_regs)
 
 
 def profile_graph(graph: Graph, target: Target | None = None, timing: dict | None = None,

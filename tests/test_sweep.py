@@ -45,6 +45,32 @@ def spec(space: dict, constraints=(), seed=0, models=(DIGITS,)) -> A.SweepSpec:
                              "constraints": list(constraints), "seed": seed})
 
 
+def new_store(path: str) -> A.Store:
+    st = A.Store(path)
+    st.open("{}")
+    return st
+
+
+def stop_after(n: int, seen: list):
+    """An on_result callback that interrupts the sweep (as Ctrl-C does) after n results, noting their hashes."""
+    def cb(res):
+        seen.append(res["hash"])
+        if len(seen) == n:
+            raise KeyboardInterrupt
+    return cb
+
+
+def kill_first(pids, killed: list):
+    """An on_result callback that SIGKILLs the first process `pids()` lists, once."""
+    def cb(res):
+        if not killed:
+            for pid in pids():
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                break
+    return cb
+
+
 def stable(rows):
     return [{k: v for k, v in r.items() if k not in VOLATILE} for r in rows]
 
@@ -122,8 +148,7 @@ def test_metrics_against_an_independent_compile(tmp_path, cache, digits):
     """Each row's cycles and DDR bytes equal the cycle model on the compiled xmodel (compiled again here,
     outside the sweep); fps, GOP/s and MAC utilisation follow from them by hand."""
     sp = spec({"preset": ["B512", "B4096"], "clock_mhz": [200, 300]})
-    store = A.Store(str(tmp_path / "s"))
-    store.open("{}")
+    store = new_store(str(tmp_path / "s"))
     res = A.run(sp, [digits], store, cache, workers=1)
     assert [r["status"] for r in res.rows] == ["ok"] * 4, [r["reason"] for r in res.rows]
     g = Graph.load(digits.path)
@@ -154,8 +179,7 @@ def test_metrics_against_an_independent_compile(tmp_path, cache, digits):
 
 def test_board_fps_with_cores_and_host_overhead(tmp_path, cache, digits):
     sp = spec({"board": ["zcu102"]})
-    store = A.Store(str(tmp_path / "s"))
-    store.open("{}")
+    store = new_store(str(tmp_path / "s"))
     r = A.run(sp, [digits], store, cache, workers=1).rows[0]
     # sim/multicore.py: fps = min(cores / (T / clock + runs x overhead), BW x eff / bytes); digits is not DDR-bound
     frame_s = r["cycles"] / 281e6 + r["dpu_subgraphs"] * 1000e-6
@@ -165,17 +189,10 @@ def test_board_fps_with_cores_and_host_overhead(tmp_path, cache, digits):
 # ---- resume, interruption, faults ------------------------------------------------------------------------------
 def test_resume_recomputes_no_finished_point(tmp_path, cache, digits):
     sp = spec({"preset": ["B512", "B1024", "B4096"], "cores": [1, 2]})
-    store = A.Store(str(tmp_path / "s"))
-    store.open("{}")
-    seen = []
-
-    def stop_after_two(res):
-        seen.append(res["hash"])
-        if len(seen) == 2:
-            raise KeyboardInterrupt
-
+    store = new_store(str(tmp_path / "s"))
+    seen: list = []
     with pytest.raises(KeyboardInterrupt):
-        A.run(sp, [digits], store, cache, workers=1, on_result=stop_after_two)
+        A.run(sp, [digits], store, cache, workers=1, on_result=stop_after(2, seen))
     kept = {h: os.stat(store.path(h)).st_mtime_ns for h in seen}
     again = []
     res = A.run(sp, [digits], store, cache, workers=1, on_result=lambda r: again.append(r["hash"]))
@@ -214,21 +231,12 @@ def test_ctrl_c_keeps_finished_points_and_the_rerun_computes_only_the_rest(tmp_p
 
 def test_killed_pool_worker_costs_only_a_retry(tmp_path, cache, digits):
     sp = spec({"preset": ["B512", "B1024", "B1152", "B4096"], "clock_mhz": [250, 300]})
-    ref_store = A.Store(str(tmp_path / "ref"))
-    ref_store.open("{}")
+    ref_store = new_store(str(tmp_path / "ref"))
     ref = A.run(sp, [digits], ref_store, cache, workers=1)
-    store = A.Store(str(tmp_path / "s"))
-    store.open("{}")
-    killed = []
-
-    def kill_one(res):
-        if not killed:
-            kids = mp.active_children()
-            if kids:
-                os.kill(kids[0].pid, signal.SIGKILL)
-                killed.append(kids[0].pid)
-
-    res = A.run(sp, [digits], store, cache, workers=2, on_result=kill_one)
+    store = new_store(str(tmp_path / "s"))
+    killed: list = []
+    res = A.run(sp, [digits], store, cache, workers=2,
+                on_result=kill_first(lambda: [p.pid for p in mp.active_children()], killed))
     assert killed
     assert [r["status"] for r in res.rows] == ["ok"] * 8, [r["reason"] for r in res.rows]
     assert stable(res.rows) == stable(ref.rows)
@@ -282,32 +290,16 @@ def _ray_workers() -> list[int]:
 
 def test_ray_backend_equals_local_pool_and_survives_a_killed_worker(tmp_path, cache, digits, ray_cluster):
     sp = spec({"preset": ["B512", "B1024", "B4096"], "clock_mhz": [250, 300]})
-    local_store = A.Store(str(tmp_path / "local"))
-    local_store.open("{}")
+    local_store = new_store(str(tmp_path / "local"))
     local = A.run(sp, [digits], local_store, cache, workers=2)
-    store = A.Store(str(tmp_path / "ray"))
-    store.open("{}")
-    killed = []
-
-    def kill_one(res):
-        if not killed:
-            for pid in _ray_workers():
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-                break
-
-    seen = []
-
-    def stop_after_two(res):
-        seen.append(res["hash"])
-        if len(seen) == 2:
-            raise KeyboardInterrupt
-
+    store = new_store(str(tmp_path / "ray"))
+    seen: list = []
     with pytest.raises(KeyboardInterrupt):
         A.run(sp, [digits], store, str(tmp_path / "ray-cache"), executor="ray", address=ray_cluster,
-              on_result=stop_after_two)
+              on_result=stop_after(2, seen))
+    killed: list = []
     res = A.run(sp, [digits], store, str(tmp_path / "ray-cache"), executor="ray", address=ray_cluster,
-                on_result=kill_one)
+                on_result=kill_first(_ray_workers, killed))
     assert res.reused == 2 and res.computed == 4          # the interrupted run's two points are not recomputed
     assert killed
     assert [r["status"] for r in res.rows] == ["ok"] * 6, [r["reason"] for r in res.rows]
@@ -392,8 +384,7 @@ def test_parametric_and_preset_points_agree(tmp_path, cache, digits, target):
     t = get_target(target)
     sp = A.spec_from_dict({"model": [{"zoo": "digits"}], "space": [
         {"points": [{"preset": target}, {"pp": t.pp, "cp": t.cp, "alu_pp": t.alu_pp}]}]})
-    store = A.Store(str(tmp_path / "s"))
-    store.open("{}")
+    store = new_store(str(tmp_path / "s"))
     a, b = A.run(sp, [digits], store, cache, workers=1).rows
     assert a["target"] == b["target"] == t.name and a["cycles"] == b["cycles"]
     assert Target.parametric(t.pp, t.cp).fingerprint == t.fingerprint
