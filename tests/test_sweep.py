@@ -203,11 +203,13 @@ def test_resume_recomputes_no_finished_point(tmp_path, cache, digits):
     assert stable(third.rows) == stable(res.rows)
 
 
-def test_ctrl_c_keeps_finished_points_and_the_rerun_computes_only_the_rest(tmp_path, cache, digits):
+def test_ctrl_c_keeps_finished_points_and_the_rerun_computes_only_the_rest(tmp_path):
     """SIGINT to `opendpu sweep` (a pool of 2) while it runs: exit 130, the finished points stay; the same
-    command again computes exactly the points that were missing."""
+    command again computes exactly the points that were missing. A cold compile cache of its own keeps the sweep
+    running for seconds (8 presets compiled first), so the signal lands mid-sweep."""
     import time
     o = tmp_path / "o"
+    cache = str(tmp_path / "cold-cache")
     clocks = ",".join(str(c) for c in range(150, 400, 10))            # 8 presets x 25 clocks = 200 points
     argv = [sys.executable, "-m", "opendpu.runtime.cli", "sweep", DIGITS, "--param",
             "preset=B512,B800,B1024,B1152,B1600,B2304,B3136,B4096", "--param", f"clock_mhz={clocks}", "-o", str(o),
@@ -215,14 +217,14 @@ def test_ctrl_c_keeps_finished_points_and_the_rerun_computes_only_the_rest(tmp_p
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = o / "sweep.log"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 5):
-        time.sleep(0.05)
+    while time.monotonic() < deadline and (not log.exists() or not log.read_text().strip()):
+        time.sleep(0.01)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, err
     assert "run the same command again" in err and "Traceback" not in err
     kept = len(os.listdir(o / "points"))
-    assert 5 <= kept < 200
+    assert 1 <= kept < 200
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert f"{200 - kept} computed, {kept} taken from" in r.stdout
