@@ -214,7 +214,10 @@ def test_ctrl_c_keeps_finished_points_and_the_rerun_computes_only_the_rest(tmp_p
     argv = [sys.executable, "-m", "opendpu.runtime.cli", "sweep", DIGITS, "--param",
             "preset=B512,B800,B1024,B1152,B1600,B2304,B3136,B4096", "--param", f"clock_mhz={clocks}", "-o", str(o),
             "--cache", cache, "--workers", "2"]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a job started in the background by a non-interactive shell (a CI runner) inherits SIGINT ignored, and Python
+    # then installs no KeyboardInterrupt handler: give the sweep the default disposition, as a terminal would
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     log = o / "sweep.log"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not log.exists() or not log.read_text().strip()):
