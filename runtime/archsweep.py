@@ -778,13 +778,17 @@ class Store:
         self.root = root
         self.points = os.path.join(root, "points")
 
-    def open(self, spec_text: str) -> None:
+    def check(self) -> None:
+        """Refuse a path that is a file or a directory with other contents than a sweep's."""
         if os.path.exists(self.root):
             if not os.path.isdir(self.root):
                 raise SweepError(f"sweep directory {self.root} is a file")
             if os.listdir(self.root) and not os.path.isfile(os.path.join(self.root, MARKER)):
                 raise SweepError(f"sweep directory {self.root} exists and is not a sweep's (no {MARKER}); choose "
                                  f"a new or empty directory, nothing was written")
+
+    def open(self, spec_text: str) -> None:
+        self.check()
         os.makedirs(self.points, exist_ok=True)
         mk = os.path.join(self.root, MARKER)
         if not os.path.isfile(mk):

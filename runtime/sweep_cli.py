@@ -75,13 +75,29 @@ def _write_outputs(out: str, res, spec: SweepSpec, a) -> dict:
                   + [{"front": "fps_vs_bram36", **r} for r in rep.pareto_front(rows, "bram36", "fps")], p, cols)
     files["pareto.csv"] = p
     del front
-    heat = tuple(a.heatmap.split(",")) if a.heatmap else None
-    if heat is not None and len(heat) != 2:
-        raise SweepError(f"--heatmap {a.heatmap!r}: expected two swept parameters PX,PY (e.g. pp,cp)")
-    figs = rep.make_report(out, rows, res.results, a.plot, heatmap=heat, breakdown_hash=a.breakdown)
+    heat = tuple(x.strip() for x in a.heatmap.split(",")) if a.heatmap else None
+    try:
+        figs = rep.make_report(out, rows, res.results, a.plot, heatmap=heat, breakdown_hash=a.breakdown)
+    except ValueError as e:                  # e.g. a heatmap over parameters no ok row has
+        raise CliError(f"report: {e}; the results are kept in {out}") from None
     files.update(figs)
     files.update({"summary.md": os.path.join(out, "summary.md"), "summary.html": os.path.join(out, "summary.html")})
     return files
+
+
+def _check_report_args(a, points: list[dict], tasks) -> None:
+    """--heatmap names two swept parameters, --breakdown a point of this sweep (checked before any work)."""
+    if a.heatmap:
+        pair = [x.strip() for x in a.heatmap.split(",")]
+        swept = list(dict.fromkeys(k for p in points for k in p))
+        if len(pair) != 2 or pair[0] == pair[1]:
+            raise SweepError(f"--heatmap {a.heatmap!r}: expected two different swept parameters PX,PY (e.g. pp,cp)")
+        bad = [x for x in pair if x not in swept]
+        if bad:
+            raise SweepError(f"--heatmap: {', '.join(bad)} is not a swept parameter; swept: {', '.join(swept)}")
+    if a.breakdown and a.breakdown not in {t.hash for t in tasks}:
+        raise SweepError(f"--breakdown {a.breakdown!r}: no point of this sweep has that hash (see the hash column "
+                         f"of sweep.csv)")
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -111,12 +127,14 @@ def cmd_arch_sweep(a) -> int:
         points = expand(spec)
         cache = a.cache or default_cache_dir()
         store = Store(a.output)
-        store.open(json.dumps(spec.to_dict(), indent=1, default=str))
+        store.check()
         os.makedirs(cache, exist_ok=True)
         print(f"sweep: {len(spec.models)} model(s) x {len(points)} point(s); results in {a.output}, compile cache "
               f"{cache}", flush=True)
         models = [prepare_model(m, cache, seed=spec.seed, log=lambda s: print(s, flush=True)) for m in spec.models]
         tasks, excl = plan(spec, models, cache)          # the constraint and configuration errors, before any work
+        _check_report_args(a, points, tasks)
+        store.open(json.dumps(spec.to_dict(), indent=1, default=str))
     except SweepError as e:
         raise CliError(str(e)) from None
     from opendpu.sim import warm_kernels

@@ -352,6 +352,8 @@ def test_cli_bad_input(tmp_path, cache, capsys):
     err = _err(capsys, base + ["--param", "preset=B1024,B4096", "--constraint", "dsp <= 100"])
     assert "exclude every point" in err and "194" in err
     assert "unknown quantity" in _err(capsys, base + ["--param", "preset=B512", "--constraint", "dps <= 100"])
+    assert "not a swept parameter" in _err(capsys, base + ["--param", "preset=B512,B1024", "--heatmap", "pp,cp"])
+    assert "no point of this sweep" in _err(capsys, base + ["--param", "preset=B512", "--breakdown", "abc"])
     assert "-o DIR" in _err(capsys, ["sweep", DIGITS, "--param", "preset=B512"])
     assert "no model" in _err(capsys, ["sweep", "--param", "preset=B512", "-o", o])
     assert "unknown zoo model" in _err(capsys, ["sweep", "zoo:nope", "--param", "preset=B512", "-o", o])
@@ -359,7 +361,7 @@ def test_cli_bad_input(tmp_path, cache, capsys):
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     err = _err(capsys, ["sweep", DIGITS, "--param", "preset=B512", "-o", str(tmp_path / "mine"), "--cache", cache])
     assert "not a sweep's" in err and (tmp_path / "mine" / "notes.txt").read_text() == "keep"
-    assert not os.path.exists(o) or not os.listdir(os.path.join(o, "points"))
+    assert not os.path.exists(o)                   # refused before any work: nothing written
 
 
 def test_cli_model_failing_on_every_point_keeps_results(tmp_path, cache, capsys):
