@@ -215,10 +215,12 @@ def _check_value(name: str, v, where: str):
     if float(v) != int(v):
         raise SweepError(f"{where}: parameter {name}: {v!r} is not an integer")
     v = int(v)
-    lim = {"pp": (1, 8), "cp": (1, 32), "alu_pp": (1, 8), "bank_depth": (1, 16384), "img_bg": (1, 3)}[name]
-    if not lim[0] <= v <= lim[1] or (name == "bank_depth" and v & (v - 1)):
-        extra = " and a power of two" if name == "bank_depth" else ""
-        raise SweepError(f"{where}: parameter {name}: {v} is out of range {lim[0]}..{lim[1]}{extra}")
+    # the array's own range checks (Target.parametric), on a PP8/CP8 base that any legal value fits
+    kw = {"pp": 8, "cp": 8, name: v}
+    try:
+        Target.parametric(kw.pop("pp"), kw.pop("cp"), **kw)
+    except (OpenDpuError, ValueError) as e:
+        raise SweepError(f"{where}: parameter {name}: {e}") from None
     return v
 
 
@@ -463,14 +465,13 @@ def compile_point(graph_bytes_or_path, t: Target, options: dict) -> CompiledMode
     """Compile a quantized (or compiled: recompiled) graph for `t` with the cycle model as the cost function."""
     from opendpu.compiler.frontend import detect_form
     from opendpu.compiler.pipeline import compile as compile_graph
-    from opendpu.compiler.xir.graph import Graph
     from opendpu.runtime.costmodel import cycle_model
     from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
     from opendpu.runtime.profile import summarize_subgraph
     t0 = time.perf_counter()
     g = _graph(graph_bytes_or_path)
     res = compile_graph(g, t, recompile=detect_form(g) == "compiled", cycles=cycle_model, **options)
-    out = res.graph if isinstance(res.graph, Graph) else Graph.deserialize(res.graph)
+    out = res.graph
     sums, lines = [], 0
     for sg in dpu_subgraphs(out):
         d = DpuSubgraph(out, sg)
@@ -994,14 +995,18 @@ class _Pool:
                 c.send(None)
             except OSError:
                 pass
-        for p in procs:
-            if p in [q for q, _, _ in self.busy.values()]:
-                p.kill()
+        for p, _, _ in self.busy.values():          # interrupted mid-point: nothing to wait for
+            p.kill()
         for p in procs:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _ignore_sigint() -> None:
@@ -1027,7 +1032,7 @@ def _run_ray(todo: list[Task], srcs: dict, finished, address: str | None, retrie
         started_here = True
     try:
         remote = ray.remote(max_retries=retries, retry_exceptions=False)(run_task)
-        refs = {h: ray.put(open(p, "rb").read()) for h, p in srcs.items()}
+        refs = {h: ray.put(_read(p)) for h, p in srcs.items()}
         for wave in _first_wave(todo):
             futs = {remote.remote(t, refs[t.model_hash]): (t, time.perf_counter()) for t in wave}
             waiting = list(futs)

@@ -68,13 +68,11 @@ def _write_outputs(out: str, res, spec: SweepSpec, a) -> dict:
     p = os.path.join(out, "sweep.json")
     rep.write_json(rows, p, list(ROW_COLUMNS), extra=extra)
     files["sweep.json"] = p
-    front = rep.pareto_front(rows, "dsp", "fps") + rep.pareto_front(rows, "bram36", "fps")
     p = os.path.join(out, "pareto.csv")
     cols = ["front"] + list(ROW_COLUMNS)
     rep.write_csv([{"front": "fps_vs_dsp", **r} for r in rep.pareto_front(rows, "dsp", "fps")]
                   + [{"front": "fps_vs_bram36", **r} for r in rep.pareto_front(rows, "bram36", "fps")], p, cols)
     files["pareto.csv"] = p
-    del front
     heat = tuple(x.strip() for x in a.heatmap.split(",")) if a.heatmap else None
     try:
         figs = rep.make_report(out, rows, res.results, a.plot, heatmap=heat, breakdown_hash=a.breakdown)
@@ -101,7 +99,6 @@ def _check_report_args(a, points: list[dict], tasks) -> None:
 
 
 def _print_table(rows: list[dict]) -> None:
-    cols = ("model", "point", "status", "cycles", "fps", "mac_util", "dsp", "bram36", "bottleneck")
     ok = [r for r in rows if r["status"] == "ok"]
     shown = sorted(ok, key=lambda r: (r["model"], -(r["fps"] or 0)))[:20]
     if not shown:
@@ -112,7 +109,6 @@ def _print_table(rows: list[dict]) -> None:
               f"{r['bram36']:7g} {str(r['bottleneck']):>6s}  {r['point']}")
     if len(ok) > len(shown):
         print(f"... {len(ok) - len(shown)} more ok points in sweep.csv")
-    del cols
 
 
 def cmd_arch_sweep(a) -> int:
@@ -132,7 +128,7 @@ def cmd_arch_sweep(a) -> int:
         print(f"sweep: {len(spec.models)} model(s) x {len(points)} point(s); results in {a.output}, compile cache "
               f"{cache}", flush=True)
         models = [prepare_model(m, cache, seed=spec.seed, log=lambda s: print(s, flush=True)) for m in spec.models]
-        tasks, excl = plan(spec, models, cache)          # the constraint and configuration errors, before any work
+        tasks, _ = plan(spec, models, cache)          # the constraint and configuration errors, before any work
         _check_report_args(a, points, tasks)
         store.open(json.dumps(spec.to_dict(), indent=1, default=str))
     except SweepError as e:
@@ -172,7 +168,6 @@ def cmd_arch_sweep(a) -> int:
             status = 2
     if a.verify_rtl:
         status = max(status, verify_rtl(spec, res.rows, a.verify_rtl, cache))
-    del excl
     return status
 
 
@@ -229,8 +224,8 @@ def verify_rtl(spec: SweepSpec, rows: list[dict], k: int, cache: str) -> int:
             instrs, sizes, init = subgraph_program(d, xs)
             progs.append((sg.name, instrs, sizes, init))
         t0 = time.perf_counter()
-        reps = cosim_programs(t, progs)
-        ok = all(x.ok for x in reps)
+        reps = cosim_programs(t, progs) if progs else []
+        ok = bool(reps) and all(x.ok and x.ddr_bytes > 0 for x in reps)       # nothing compared is no match
         bad += not ok
         cyc = sum(x.rtl_cycles for x in reps)
         size = "" if small is m else f" at {small.label}/{small.size}"
