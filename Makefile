@@ -87,6 +87,7 @@ TARGET      ?= DPUCZDX8G_ISA1_B512
 SYNTH_TIMEOUT ?= 14400
 SYNTH_TARGETS ?= all
 SYNTH_TIMEOUT_MIN ?= 45
+SYNTH_MAPPER ?= abc
 
 .venv/.synth-installed: .venv/.installed requirements-synth.txt
 	$(PY) -m pip install -q -r requirements-synth.txt
@@ -94,12 +95,12 @@ SYNTH_TIMEOUT_MIN ?= 45
 
 synth: venv .venv/.synth-installed
 	@mkdir -p build/synth
-	$(PY) -m opendpu.hw.synth --target $(TARGET) --timeout $(SYNTH_TIMEOUT) --json build/synth/$(TARGET).json
+	$(PY) -m opendpu.hw.synth --target $(TARGET) --timeout $(SYNTH_TIMEOUT) --lut-mapper $(SYNTH_MAPPER) --json build/synth/$(TARGET).json
 
 # one target after the other, each killed after SYNTH_TIMEOUT_MIN minutes; figures beside PG338's
 bench-synth: venv .venv/.synth-installed
 	@mkdir -p build
-	$(PY) benchmarks/bench_synth.py --targets $(SYNTH_TARGETS) --timeout-min $(SYNTH_TIMEOUT_MIN) --json build/bench_synth.json
+	$(PY) benchmarks/bench_synth.py --targets $(SYNTH_TARGETS) --timeout-min $(SYNTH_TIMEOUT_MIN) --lut-mapper $(SYNTH_MAPPER) --json build/bench_synth.json
 
 clean:
 	rm -rf .venv .pytest_cache .hypothesis build *.egg-info waveforms/*.vcd waveforms/*.gtkw

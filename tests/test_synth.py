@@ -108,6 +108,31 @@ def test_hierarchical_synthesis_sums_every_module(tmp_path):
     assert r["ff"] is not None and r["lut"] is not None
 
 
+@needs_yosys
+def test_both_lut_mappers_give_the_same_dsp_memory_and_flip_flops(tmp_path):
+    """The default maps LUTs with classic ABC (synth_xilinx's map_luts step, abc instead of abc9); abc9 is
+    synth_xilinx's own. Only the LUT mapping differs: DSP, block RAM and flip-flops are the same."""
+    a = synth.synth_elaboratable(_ram_and_mul(), workdir=tmp_path / "abc")
+    ys = (tmp_path / "abc" / "synth.ys").read_text()
+    assert "abc -luts 2:2,3,6:5,10,20" in ys and "abc9" not in ys and a["lut_mapper"] == "abc"
+    b = synth.synth_elaboratable(_ram_and_mul(), workdir=tmp_path / "abc9", mapper="abc9")
+    assert "abc -luts" not in (tmp_path / "abc9" / "synth.ys").read_text() and b["lut_mapper"] == "abc9"
+    for r in (a, b):
+        assert (r["dsp"], r["bram36"], r["memories_in_ff"]) == (1, 1, 0)
+        assert r["lut"] is not None and r["logic_depth"] is not None
+    assert a["ff"] == b["ff"]
+    assert "LUT mapping abc" in synth.format_report(a)
+
+
+def test_lut_mapper_errors_name_the_mapper_and_the_family():
+    with pytest.raises(synth.SynthError, match="lut mapper 'fast'"):
+        synth.script("d.v", "top", mapper="fast")
+    with pytest.raises(synth.SynthError, match="'xc3s' has no 6-input LUTs"):
+        synth.script("d.v", "top", family="xc3s")
+    assert synth.script("d.v", "top", family="xc3s", mapper="abc9").count("synth_xilinx") == 1   # its own flow
+    assert synth.script("d.v", "top", mapped_only=True).count("synth_xilinx") == 1
+
+
 def test_stat_parser_sums_module_blocks():
     text = ("=== top ===\n   Number of cells: 3\n        2   FDRE\n        1   top_sub\n"
             "=== top_sub ===\n   Number of cells: 2\n        1   DSP48E2\n        4   FDRE\n"
