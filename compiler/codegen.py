@@ -1091,12 +1091,15 @@ def _choose_aug(c: _Ctx, job: "ConvJob") -> "ConvJob":
 ALU_KINDS = ("dwconv", "pool", "leaky", "hsigmoid", "relu6", "prelu")
 
 
-def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob") -> None:
+def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob", q_group: int = 0) -> None:
     """Producer P (CONV or ALU) and its only consumer Q (ALU, or CONV) strip by strip: for each strip of Q's output, P
     computes the rows and columns Q's windows read (recomputing overlapping halo rows, if any) straight into Q's
-    input buffer in VB1 (stride_out = Q's stride_h, spec §2.4), Q reads them there and writes VB0, and only Q's
-    rows are SAVEd. CodegenError when the pair does not fit this scheme."""
+    input buffer in VB1 (stride_out = Q's stride_h, spec §2.4), Q reads them there and writes image group
+    `q_group` (VB0 by default, beside P's input; VB1 or a third group keep Q's SAVEs off the banks P's next strip
+    reads, docs/compiler.md), and only Q's rows are SAVEd. CodegenError when the pair does not fit this scheme."""
     t = c.target
+    if not 0 <= q_group < len(c.img):
+        raise CodegenError(f"fusion into {qjob.name!r}: no image group {q_group} on {t.name}")
     winQ = qjob.win
     ch = qjob.inp.c
     cg = _ceil(ch, t.cp)
@@ -1144,8 +1147,9 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob") -> None:
         qw, qb = _alu_params(c, qjob)
         vbQ_max, lpp_q, ch_out, len_q = _block_rows(t, winQ, t.alu_pp), cg, ch, 2048
 
-    def lines(rows: int, cols: int) -> tuple[int, int] | None:
-        """(VB0 lines: P's input + Q's output, VB1 lines: the intermediate) of a strip, None if a field overflows."""
+    def lines(rows: int, cols: int) -> tuple[int, int, int] | None:
+        """(P's input lines in VB0, the intermediate's lines in VB1, Q's output lines in group `q_group`) of a
+        strip, None if a field overflows."""
         qt = _tile(winQ, 0, rows, 0, cols)
         Eq, q_lines = _in_lines(t, qt, s, cg)
         pt = _tile(pwin, 0, min(qt.nv, H), 0, min(qt.cv, W))
@@ -1153,17 +1157,23 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob") -> None:
         if (pwin.sh > 1 and Ep > e_max) or (s > 1 and Eq > (1024 if is_conv or q_conv else 8192)) or Eq > 8192 \
                 or pt.cols > len_max or cols > len_q:
             return None
-        return p_lines + _ceil(rows, t.pp) * cols * lpp_q, q_lines
+        return p_lines, q_lines, _ceil(rows, t.pp) * cols * lpp_q
 
     plan = None
-    for share in (2, 1):
+    # Q's output beside the intermediate (VB1) only with the half-depth budget: the ring then never wraps onto the
+    # strip Q is still reading
+    for share in ((2, 1) if q_group != 1 else (2,)):
         budget = c.depth // share
         for vb in range(vbQ_max, 0, -1):
             if t.pp % vb or plan:
                 continue
             def fits(rows: int, cols: int) -> bool:
                 ln = lines(rows, cols)
-                return ln is not None and ln[0] <= budget and ln[1] <= budget
+                if ln is None:
+                    return False
+                use = [ln[0], ln[1]] + [0] * (len(c.img) - 2)
+                use[q_group] += ln[2]
+                return max(use) <= budget
             cols = min(winQ.wo, 2048)
             while cols > 1 and not fits(vb, cols):
                 cols = max(1, min(cols - 1, cols * 3 // 4))
@@ -1209,6 +1219,9 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob") -> None:
             _, pseg = _cut(c, lambda: _conv_tile(c, pjob, st, pt, ibp, obp, w_base, 0, st.n_sl, vbP, state_p))
         else:
             _, pseg = _cut(c, lambda: _alu_tile(c, pjob, pt, ibp, obp, pw, pb, vbP, state_p))
+        if deferred[0] and not _disjoint(_buf_span(t, ibq), deferred[1]):
+            _put(c, deferred[0])                          # P writes where Q's deferred rows are (Q's output in VB1)
+            deferred[0] = []
         moved: list[tuple[Instruction, int]] = []
         if k + 1 < len(tiles):
             nxt, moved = _cut(c, lambda: prepare(tiles[k + 1]))
@@ -1231,7 +1244,7 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob") -> None:
             _interleave(c, pseg, q_params)
             q_params = []
         Eo = qt.cols * lpp_q
-        obq = OutBuf(t.img_base(0), c.img[0].alloc(_ceil(qt.rows, t.pp) * Eo, f"layer {qjob.name!r} output",
+        obq = OutBuf(t.img_base(q_group), c.img[q_group].alloc(_ceil(qt.rows, t.pp) * Eo, f"layer {qjob.name!r} output",
                                                     TOKEN_LINES), Eo, lpp_q)
         per = _ceil(len(moved), n_q) if moved else 0
         ob_span = _buf_span(t, obq, qt.rows)
@@ -1311,23 +1324,38 @@ def _try_fuse(c: _Ctx, pj: "ConvJob | AluJob", qj: "AluJob | ConvJob") -> bool:
 
     def cost(t: Target, *steps: Callable[["_Ctx"], None]) -> int:
         return _sched_cost(c, *steps) if conv_pair else _layer_cost(c, *steps)
-    try:
-        fused = cost(t, lambda k: _fused(k, pj, qj))
-    except CodegenError:
+    # where Q's output goes: VB0 (beside P's input), VB1 (beside the intermediate) or a third image group; only the
+    # cycle model sees the bank-port conflicts that tell them apart, so without it only VB0 is tried
+    groups = range(len(c.img)) if c.cycles is not None else range(1)
+    forms: dict[str, int | None] = {}
+    for g in groups:
+        try:
+            forms[_FUSED_FORM[g]] = cost(t, lambda k, g=g: _fused(k, pj, qj, g))
+        except CodegenError:
+            forms[_FUSED_FORM[g]] = None
+    tried = {f: v for f, v in forms.items() if v is not None}
+    if not tried:
         return False
+    # on equal estimates the group farthest from P's input: the layer alone cannot show what Q's SAVEs, starved of
+    # a bank port by P's reads, cost the layers after it (tf2_custom_op: 17,743 -> 17,676 cycles, docs/compiler.md)
+    form = min(tried, key=lambda f: (tried[f], -_FUSED_FORM.index(f)))
     try:
         split = cost(t, p_alone, (lambda k: _conv(k, qj)) if isinstance(qj, ConvJob) else (lambda k: _alu(k, qj)))
     except CodegenError:
         split = None
-    take = split is None or fused < split
+    take = split is None or tried[form] < split
     # the scratch run starts with empty parameter rings; the real ones may wrap elsewhere and refuse the pair
     # (e.g. the two layers' weights overlapping in the CONVW ring): then it is undone and the layers go split
-    fused_cost: int | None = fused
-    if take and not _emit_or_undo(c, lambda: _fused(c, pj, qj)):
-        take, fused_cost = False, None
+    g = _FUSED_FORM.index(form)
+    if take and not _emit_or_undo(c, lambda: _fused(c, pj, qj, g)):
+        take, forms[form] = False, None
     _decide(c, f"{pj.name} + {qj.name}", "fuse_conv" if conv_pair else "fuse",
-            {"fused": fused_cost, "split": split}, "fused" if take else "split")
+            {**forms, "split": split}, form if take else "split")
     return take
+
+
+# the forms of a fused pair by the image group of Q's output (the compile report's names)
+_FUSED_FORM = ("fused", "fused, output in VB1", "fused, output in VB2")
 
 
 def _emit_or_undo(c: _Ctx, emit: Callable[[], None]) -> bool:
