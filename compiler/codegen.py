@@ -665,8 +665,9 @@ class _ConvSetup:
     vb_max: int
 
 
-def _conv_setup(c: _Ctx, job: ConvJob) -> _ConvSetup:
-    """Check the layer's limits and LOAD its bias (one LOAD of OC bytes; slice s at line base + s)."""
+def _conv_setup(c: _Ctx, job: ConvJob, half: bool = False) -> _ConvSetup:
+    """Check the layer's limits and LOAD its bias (one LOAD of OC bytes; slice s at line base + s). `half`: weight
+    groups of at most half the CONVW depth, so the next group's LOADs fill one half while the CONVs read the other."""
     t = c.target
     oc, kh, kw, ic = job.w.shape
     K = kh * kw
@@ -680,6 +681,8 @@ def _conv_setup(c: _Ctx, job: ConvJob) -> _ConvSetup:
         raise CodegenError(f"layer {job.name!r}: the weights of one output channel need {lines_slice} CONVW lines "
                            f"(kernel {kw}x{kh} x {cg} channel groups), more than bank_depth {c.depth}")
     per_group = max(1, min(n_sl, c.depth // lines_slice, c.depth // 2))
+    if half:
+        per_group = max(1, min(per_group, c.depth // 2 // lines_slice))
     b_off = c.const(job.b.astype(np.int8).tobytes())
     b_base = c.bias.alloc(n_sl, f"layer {job.name!r} bias", c.param_align)
     c.s.add("LOAD", bank_addr=b_base, bank_id=t.bias_bank, jump_write=1, jump_read=oc, length=1, channel=oc,
@@ -736,22 +739,56 @@ def _conv_tile(c: _Ctx, job: ConvJob, st: _ConvSetup, tile: Tile, ib: InBuf, ob:
             after(j0, vpp)
 
 
-def _conv(c: _Ctx, job: ConvJob) -> None:
+def _conv(c: _Ctx, job: ConvJob, half: bool = False) -> None:
     t = c.target
-    st = _conv_setup(c, job)
+    st = _conv_setup(c, job, half)
     oc = job.w.shape[0]
     win = job.win
-    for g0 in range(0, st.n_sl, st.per_group):
-        nsg = min(st.per_group, st.n_sl - g0)
-        w_base = _conv_weights(c, job, st, g0, nsg)
+    groups = [(g0, min(st.per_group, st.n_sl - g0)) for g0 in range(0, st.n_sl, st.per_group)]
+    w_next = _conv_weights(c, job, st, *groups[0])
+    ahead: list[tuple[Instruction, int]] = []            # the next group's weight LOADs (double buffering)
+    plans = [_plan_tiles(c, job.name, win, st.cg, 1, nsg, st.vb_max, 1024, 1024) for _, nsg in groups]
+    tiles_of = [list(_tiles(win, r, k)) for r, k, _ in plans]
+    # one strip, the same in every group: its input is LOADed once and stays in VB0 (only outputs are allocated
+    # between the groups, in VB1), as AMD's programs read a small map once for all output channels
+    keep = len(groups) > 1 and all(len(ts) == 1 and ts[0] == tiles_of[0][0] for ts in tiles_of)
+    kept: list[InBuf] = []
+
+    def load(tile: Tile, nsg: int) -> tuple[InBuf, OutBuf]:
+        if not kept:
+            ib, ob = _strip(c, job.name, job.inp, tile, win.sh, st.cg, nsg, job.aug)
+            if keep:
+                kept.append(ib)
+            return ib, ob
+        Eo = tile.cols * nsg
+        return kept[0], OutBuf(t.img_base(1), c.img[1].alloc(_ceil(tile.rows, t.pp) * Eo, f"layer {job.name!r} output",
+                                                             TOKEN_LINES if c.pipeline else 1), Eo, nsg)
+
+    for gi, (g0, nsg) in enumerate(groups):
+        if gi and not ahead:
+            w_next = _conv_weights(c, job, st, g0, nsg)
+        w_base = w_next
+        ahead = []
+        if half and gi + 1 < len(groups):
+            blob = len(c.blob)
+            # double buffering: the next group's weight LOADs (the other half of the CONVW ring) go after this
+            # group's last input LOAD, spread among its CONVs, so the LOAD engine fills them while the CONVs run
+            w_next, ahead = _cut(c, lambda: _conv_weights(c, job, st, *groups[gi + 1]))
+            if not _disjoint((0, w_base, nsg * st.lines_slice), (0, w_next, groups[gi + 1][1] * st.lines_slice)):
+                c.convw.ptr = w_next                      # the ring wrapped onto this group: load it in place later
+                del c.blob[blob:]
+                ahead = []
         c0 = g0 * t.cp
         nch = min(oc, (g0 + nsg) * t.cp) - c0
-        rows, cols, vb = _plan_tiles(c, job.name, win, st.cg, 1, nsg, st.vb_max, 1024, 1024)
+        vb = plans[gi][2]
         state: dict[str, int] = {}
-        _strips(c, list(_tiles(win, rows, cols)),
-                lambda tile: _strip(c, job.name, job.inp, tile, win.sh, st.cg, nsg, job.aug),
-                lambda tile, ib, ob: _conv_tile(c, job, st, tile, ib, ob, w_base, g0, nsg, vb, state),
-                lambda tile, ob: _save_rows(c, job.out, tile, ob, c0, nch))
+        _, seg = _cut(c, lambda: _strips(
+            c, tiles_of[gi], lambda tile: load(tile, nsg),
+            lambda tile, ib, ob: _conv_tile(c, job, st, tile, ib, ob, w_base, g0, nsg, vb, state),
+            lambda tile, ob: _save_rows(c, job.out, tile, ob, c0, nch)))
+        last = max((i for i, (x, _) in enumerate(seg) if x.op == "LOAD"), default=-1)
+        _put(c, seg[:last + 1])
+        _interleave(c, seg[last + 1:], ahead)
     c.workload += 2 * oc * job.w.shape[1] * job.w.shape[2] * st.ic * win.ho * win.wo
 
 
@@ -858,7 +895,8 @@ def _run(c: _Ctx, job: "ConvJob | AluJob") -> None:
     if c.capture is not None:
         c.capture.append(job)
     elif isinstance(job, ConvJob):
-        _conv(c, _choose_aug(c, job))
+        job = _choose_aug(c, job)
+        _conv(c, job, _choose_half(c, job))
     else:
         _alu(c, job)
 
@@ -1084,6 +1122,27 @@ def _choose_aug(c: _Ctx, job: "ConvJob") -> "ConvJob":
         return job
     _decide(c, job.name, "channel_augmentation", {"augmented": ca, "plain": cp}, "augmented" if ca < cp else "plain")
     return a if ca < cp else job
+
+
+def _choose_half(c: _Ctx, job: "ConvJob") -> bool:
+    """Whether a conv whose weights take several CONVW groups loads them double-buffered (groups of at most half the
+    bank depth: the next group's weight LOADs overlap the CONVs of this one, at the price of more groups, each
+    reading the input again). Decided on the cycle model, which alone sees that overlap (docs/compiler.md)."""
+    if c.cycles is None:
+        return False
+    oc, kh, kw, ic = job.w.shape
+    lines_slice = kh * kw * _ceil(ic, c.target.cp)
+    n_sl = _ceil(oc, c.target.cp)
+    whole = max(1, min(n_sl, c.depth // lines_slice, c.depth // 2))
+    half = max(1, min(whole, c.depth // 2 // lines_slice))
+    if whole >= n_sl or half == whole:
+        return False
+    try:
+        cw, ch = _layer_cost(c, lambda k: _conv(k, job)), _layer_cost(c, lambda k: _conv(k, job, True))
+    except CodegenError:
+        return False
+    _decide(c, job.name, "weight_buffers", {"single": cw, "double": ch}, "double" if ch < cw else "single")
+    return ch < cw
 
 
 # ---- a producer and its only consumer in one superlayer (on-chip intermediate) ---------------------------------
@@ -1415,13 +1474,19 @@ def _elew_chunk(c: _Ctx, job: ElewJob) -> None:
     for tile in _tiles(win, rows, cols):
         E, lines = _in_lines(t, tile, 1, cg)
         bufs = []
-        for k, fm in enumerate(job.inps):
+        subs = []
+        for fm in job.inps:
             # a broadcast input (H or W of 1, spec §6.7 share_pp / jump_read 0) holds only its real rows / columns
             rb, cb = fm.h == 1 and job.out.h > 1, fm.w == 1 and job.out.w > 1
             sub = _tile(Window(1, 1, 1, 1, 0, 0, fm.h, fm.w), 0 if rb else tile.y0, 1 if rb else tile.rows,
                         0 if cb else tile.x0, 1 if cb else tile.cols)
-            Ek, lk = _in_lines(t, sub, 1, cg)
-            ib = InBuf(t.img_base(0), c.img[0].alloc(lk, f"layer {job.name!r} input {k}"), Ek, cg, 1, lk)
+            subs.append((fm, sub, rb, cb, *_in_lines(t, sub, 1, cg)))
+        # the strip's inputs as one block of the ring: allocated one by one, a wrap between two of them could put
+        # the second over the first
+        at = c.img[0].alloc(sum(s[5] for s in subs), f"layer {job.name!r} inputs")
+        for fm, sub, rb, cb, Ek, lk in subs:
+            ib = InBuf(t.img_base(0), at, Ek, cg, 1, lk)
+            at += lk
             _load_rows(c, fm, sub, ib)
             bufs.append((ib, rb, cb))
         Eo = tile.cols * cg
