@@ -11,6 +11,8 @@ import os
 import signal
 import socket
 import subprocess
+import threading
+import time
 import sys
 
 import pytest
@@ -61,7 +63,8 @@ def stop_after(n: int, seen: list):
 
 
 def kill_first(pids, killed: list):
-    """An on_result callback that SIGKILLs the first process `pids()` lists, once."""
+    """An on_result callback that SIGKILLs the first process `pids()` lists, once: at the first result that finds
+    one (a result may arrive when no worker is running a point, e.g. on a loaded machine)."""
     def cb(res):
         if not killed:
             for pid in pids():
@@ -302,9 +305,22 @@ def test_ray_backend_equals_local_pool_and_survives_a_killed_worker(tmp_path, ca
     with pytest.raises(KeyboardInterrupt):
         A.run(sp, [digits], store, str(tmp_path / "ray-cache"), executor="ray", address=ray_cluster,
               on_result=stop_after(2, seen))
+    # a thread SIGKILLs the first Ray worker it sees running a point (polling, so that it does not depend on a
+    # worker still running when a result arrives, which a loaded machine makes a matter of chance)
     killed: list = []
-    res = A.run(sp, [digits], store, str(tmp_path / "ray-cache"), executor="ray", address=ray_cluster,
-                on_result=kill_first(_ray_workers, killed))
+    done = threading.Event()
+
+    def killer():
+        while not done.is_set() and not killed:
+            kill_first(_ray_workers, killed)(None)
+            time.sleep(0.002)
+    th = threading.Thread(target=killer, daemon=True)
+    th.start()
+    try:
+        res = A.run(sp, [digits], store, str(tmp_path / "ray-cache"), executor="ray", address=ray_cluster)
+    finally:
+        done.set()
+        th.join(10)
     assert res.reused == 2 and res.computed == 4          # the interrupted run's two points are not recomputed
     assert killed
     assert [r["status"] for r in res.rows] == ["ok"] * 6, [r["reason"] for r in res.rows]
