@@ -1347,7 +1347,7 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob", q_group:
 
 
 def _fuse_jobs(c: _Ctx, graph: Graph, p: Op, q: Op, kinds: dict[str, str], fm: dict[str, FMap],
-               out: FMap) -> tuple | None:
+               out: FMap, elew: bool = False) -> tuple | None:
     """(P's job, Q's job) of a producer / consumer pair, P's conv in its chosen (augmented or not) form; None if
     either is not a single CONV / ALU layer."""
     # where the unfused P would store its output: a register of its own (REG_SCRATCH), so that in the scratch
@@ -1366,7 +1366,10 @@ def _fuse_jobs(c: _Ctx, graph: Graph, p: Op, q: Op, kinds: dict[str, str], fm: d
             return None
         jobs.append(got[0])
     pj, qj = jobs
-    if not isinstance(qj, (AluJob, ConvJob)) or (isinstance(qj, ConvJob) and not c.fuse_conv):
+    if elew:
+        if not isinstance(pj, ConvJob) or not isinstance(qj, ElewJob):
+            return None
+    elif not isinstance(qj, (AluJob, ConvJob)) or (isinstance(qj, ConvJob) and not c.fuse_conv):
         return None
     if isinstance(pj, ConvJob):
         pj = _choose_aug(c, pj)
@@ -1503,6 +1506,122 @@ def _elew_chunk(c: _Ctx, job: ElewJob) -> None:
                     bank_addr_out=ob.base + p * Eo, jump_write_endl=Eo, num=n, valid_pixel_parallel=vpp,
                     jump_write=cg, shift_write=job.shift_write, channel_group=cg)
         _save_rows(c, job.out, tile, ob, 0, ch)
+
+
+def _elew_rows(c: _Ctx, job: ElewJob, tile: Tile, bufs: list[InBuf], ob: OutBuf, vb: int) -> None:
+    """The ELEWINITs and ELEWs of one strip: input k read from bufs[k] (same rows and columns as the output)."""
+    t = c.target
+    cg = _ceil(job.out.c, t.cp)
+    for j0 in range(0, tile.rows, vb):
+        vpp = min(vb, tile.rows - j0)
+        p, b = divmod(j0, t.pp)
+        for k, ib in enumerate(bufs):
+            c.s.add("ELEWINIT", share_pp=0, bank_id_in=ib.group + b, bank_addr_in=ib.base + p * ib.E,
+                    jump_read_endl=ib.E, id=k, jump_bank=1, jump_read=cg, shift_read=job.shift_read[k])
+        c.s.add("ELEW", length=tile.cols, act_type=job.act, elew_type=job.elew_type, bank_id_out=ob.group + b,
+                bank_addr_out=ob.base + p * ob.E, jump_write_endl=ob.E, num=len(bufs), valid_pixel_parallel=vpp,
+                jump_write=cg, shift_write=job.shift_write, channel_group=cg)
+
+
+def _conv_elew(c: _Ctx, pj: "ConvJob", qj: ElewJob, k: int) -> None:
+    """A conv and the ELEW (add / multiply) that is the only reader of its output, as input k, strip by strip: the
+    conv writes its rows into VB1, the ELEW reads them there with the rows of its other inputs LOADed beside the
+    conv's input in VB0, and only the ELEW's rows are SAVEd. AMD's ResNet-50 program does this (UG1414's rows
+    `res2b` etc. hold branch2c and the add). CodegenError when the pair does not fit this scheme."""
+    t = c.target
+    st = _conv_setup(c, pj)
+    cg = st.n_sl
+    H, W = qj.out.h, qj.out.w
+    if st.per_group < st.n_sl:
+        raise CodegenError(f"fusion of {pj.name!r}: its weights do not fit one CONVW group")
+    if cg > 256 or (pj.out.h, pj.out.w, pj.out.c) != (H, W, qj.out.c) or \
+            any((f.h, f.w, f.c) != (H, W, qj.out.c) for f in qj.inps):
+        raise CodegenError(f"fusion into {qj.name!r}: the ELEW's inputs are not all the conv's shape")
+    others = [f for i, f in enumerate(qj.inps) if i != k]
+    win = pj.win
+    ewin = Window(1, 1, 1, 1, 0, 0, H, W)
+    vbE = _block_rows(t, ewin, t.alu_pp)
+
+    def lines(rows: int, cols: int) -> tuple[int, int] | None:
+        """(VB0 lines: the conv's input + the other inputs' rows, VB1 lines: the conv's rows + the ELEW's rows)."""
+        tile = _tile(win, 0, rows, 0, cols)
+        E, in_lines = _in_lines(t, tile, win.sh, st.cg)
+        if (win.sh > 1 and E > 1024) or cols > 1024 or cols * cg > 8192:
+            return None
+        out = _ceil(rows, t.pp) * cols * cg
+        return in_lines + len(others) * out, 2 * out
+
+    plan = None
+    for share in (2, 1):
+        budget = c.depth // share
+        for vb in range(st.vb_max, 0, -1):
+            if t.pp % vb or plan:
+                continue
+
+            def fits(rows: int, cols: int) -> bool:
+                ln = lines(rows, cols)
+                return ln is not None and max(ln) <= budget
+            cols = min(win.wo, 1024)
+            while cols > 1 and not fits(vb, cols):
+                cols = max(1, min(cols - 1, cols * 3 // 4))
+            if fits(vb, cols):
+                rows = vb
+                while rows + vb <= _ceil(win.ho, vb) * vb and fits(rows + vb, cols):
+                    rows += vb
+                plan = (rows, cols, vb)
+        if plan:
+            break
+    if plan is None:
+        raise CodegenError(f"fusion of {pj.name!r} and {qj.name!r}: one strip does not fit the image banks")
+    rows, cols, vb = plan
+    w_base = _conv_weights(c, pj, st, 0, cg)
+    state: dict[str, int] = {}
+    for tile in _tiles(win, rows, cols):
+        E, in_lines = _in_lines(t, tile, win.sh, st.cg)
+        Eo = tile.cols * cg
+        out = _ceil(tile.rows, t.pp) * Eo
+        # each ring's share of the strip as one block (a wrap between two allocations could overlap them)
+        a0 = c.img[0].alloc(in_lines + len(others) * out, f"layer {pj.name!r} + {qj.name!r} inputs", TOKEN_LINES)
+        ib = InBuf(t.img_base(0), a0, E, st.cg, win.sh, in_lines)
+        if pj.aug is None:
+            _load_rows(c, pj.inp, tile, ib)
+        else:
+            _load_aug(c, pj.aug, tile, ib)
+        otile = _tile(ewin, tile.y0, tile.rows, tile.x0, tile.cols)
+        bufs: list[InBuf] = []
+        at = a0 + in_lines
+        for f in others:
+            bufs.append(InBuf(t.img_base(0), at, Eo, cg, 1, out))
+            _load_rows(c, f, otile, bufs[-1])
+            at += out
+        a1 = c.img[1].alloc(2 * out, f"layer {pj.name!r} + {qj.name!r} outputs", TOKEN_LINES)
+        ob = OutBuf(t.img_base(1), a1, Eo, cg)
+        eb = OutBuf(t.img_base(1), a1 + out, Eo, cg)
+        _conv_tile(c, pj, st, tile, ib, ob, w_base, 0, cg, vb, state)
+        bufs.insert(k, InBuf(ob.group, ob.base, Eo, cg, 1, out))
+        _elew_rows(c, qj, otile, bufs, eb, vbE)
+        _save_rows(c, qj.out, tile, eb, 0, qj.out.c)
+    kp = pj.w.shape[1] * pj.w.shape[2] * pj.w.shape[3]
+    c.workload += 2 * qj.out.c * kp * win.ho * win.wo + len(qj.inps) * qj.out.c * H * W
+
+
+def _try_fuse_elew(c: _Ctx, pj: "ConvJob", qj: ElewJob, k: int) -> bool:
+    """Emit a conv and its ELEW consumer fused when that fits and the estimate says it is faster than split."""
+    try:
+        fused = _layer_cost(c, lambda x: _conv_elew(x, pj, qj, k))
+    except CodegenError:
+        return False
+    try:
+        split = _layer_cost(c, lambda x: _conv(x, pj), lambda x: _elew(x, qj))
+    except CodegenError:
+        split = None
+    take = split is None or fused < split
+    fused_cost: int | None = fused
+    if take and not _emit_or_undo(c, lambda: _conv_elew(c, pj, qj, k)):
+        take, fused_cost = False, None
+    _decide(c, f"{pj.name} + {qj.name}", "fuse_elew", {"fused": fused_cost, "split": split},
+            "fused" if take else "split")
+    return take
 
 
 # ---- copies (concat members, reshapes at the interface, nearest upsampling) ------------------------------------
@@ -1908,6 +2027,24 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
                 if qout.reg == REG_WORKSPACE and q.name not in member_of:
                     internal.append(_image(q.name, qout, _t(q).shape))
                 continue
+        # a conv whose only reader is an ELEW whose other inputs are already computed: the two in one strip loop
+        if (fuse and k == "conv" and n not in out_set and n not in fm and len(cons) == 1 and cons[0] in ops
+                and kinds[cons[0]] == "elew"):
+            q = graph.ops[cons[0]]
+            qins = [i for i in _data_inputs(q) if graph.ops[i].type not in SKIP_TYPES]
+            pos = {m: j for j, m in enumerate(compute)}
+            ready = all(i == n or i in inputs or (i in pos and pos[i] < pos[n] and kinds[i] != "alias")
+                        for i in qins)
+            if ready and qins.count(n) == 1:
+                qout = place(q.name)
+                jobs = _fuse_jobs(c, graph, op, q, kinds, fm, qout, elew=True)
+                if jobs is not None and _try_fuse_elew(c, jobs[0], jobs[1], qins.index(n)):
+                    qops = [q.name] + [i for i in q.input_ops() if i in ops and graph.ops[i].type in SKIP_TYPES]
+                    layers.append(Layer(n, lops + qops, first, len(c.s.ins) - first))
+                    done.add(q.name)
+                    if qout.reg == REG_WORKSPACE and q.name not in member_of:
+                        internal.append(_image(q.name, qout, _t(q).shape))
+                    continue
         view_only = False
         if k == "view":         # a window of its input's image; copied only where a dense image is needed
             v = _slice_view(graph, op, fm[_data_inputs(op)[0]])
@@ -2138,7 +2275,11 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
         else:
             sr = [0] * len(fps)
             sw_ = elew_shift_write(fp_out - sum(fps))
-        _elew(c, ElewJob(op.name, ins, out, sr, sw_, 0 if et == "ADD" else 1, 1 if _nonlinear(op) == "RELU" else 0))
+        ej = ElewJob(op.name, ins, out, sr, sw_, 0 if et == "ADD" else 1, 1 if _nonlinear(op) == "RELU" else 0)
+        if c.capture is not None:
+            c.capture.append(ej)
+        else:
+            _elew(c, ej)
         return
     if kind == "concat":
         c0 = 0
