@@ -1391,8 +1391,10 @@ def _try_fuse(c: _Ctx, pj: "ConvJob | AluJob", qj: "AluJob | ConvJob") -> bool:
     groups = range(len(c.img)) if c.cycles is not None else range(1)
     forms: dict[str, int | None] = {}
     for g in groups:
+        def fused_in(k: "_Ctx", g: int = g) -> None:
+            _fused(k, pj, qj, g)
         try:
-            forms[_FUSED_FORM[g]] = cost(t, lambda k, g=g: _fused(k, pj, qj, g))
+            forms[_FUSED_FORM[g]] = cost(t, fused_in)
         except CodegenError:
             forms[_FUSED_FORM[g]] = None
     tried = {f: v for f, v in forms.items() if v is not None}
@@ -2032,8 +2034,8 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
                 and kinds[cons[0]] == "elew"):
             q = graph.ops[cons[0]]
             qins = [i for i in _data_inputs(q) if graph.ops[i].type not in SKIP_TYPES]
-            pos = {m: j for j, m in enumerate(compute)}
-            ready = all(i == n or i in inputs or (i in pos and pos[i] < pos[n] and kinds[i] != "alias")
+            at_ = {m: j for j, m in enumerate(compute)}
+            ready = all(i == n or i in inputs or (i in at_ and at_[i] < at_[n] and kinds[i] != "alias")
                         for i in qins)
             if ready and qins.count(n) == 1:
                 qout = place(q.name)
