@@ -1,7 +1,7 @@
 """Board profiles: the DPU configuration of a board's reference design (arch, cores, clock) and its DDR.
 
-`--board NAME` sets `Target.timing` clock_mhz, cores, board_ddr_mbps, ddr_efficiency_pct and frame_overhead_us
-(docs/calibration.md gives the sources and the fitted overhead). A board names an arch preset; a compiled model
+`--board NAME` sets `Target.timing` clock_mhz, cores, board_ddr_mbps, ddr_efficiency_pct and frame_overhead_us, and the
+DPU timing fitted on silicon, ddr_latency and conv_latency (docs/calibration.md gives the sources and the fits). A board names an arch preset; a compiled model
 must have that array size (PP, CP, ALU_PP), whatever its other options.
 """
 from __future__ import annotations
@@ -17,6 +17,10 @@ DDR_EFFICIENCY_PCT = 70
 # Host time per DPU run on the boards' Cortex-A53 (VART job submission, cache maintenance of the input and output
 # buffers, completion interrupt): fitted on PG338's fps table (docs/calibration.md, benchmarks/bench_calibration.py).
 FRAME_OVERHEAD_US = 1000
+# The DPU's own timing on silicon: DDR read latency and the CONV pipeline's fill and drain, fitted on UG1414's
+# vaitrace ResNet-50 table of a ZCU102 DPU (docs/calibration.md: the grid of benchmarks/bench_calibration.py). The same
+# DPUCZDX8G IP and PS DDR on every board, so one fit for all. Single-core rules the RTL implements from the Target.
+DPU_TIMING = {"ddr_latency": 30, "conv_latency": 128}
 
 
 @dataclass(frozen=True)
@@ -29,9 +33,10 @@ class Board:
     source: str
 
     def timing(self) -> dict:
-        """The Target.timing fields the board sets."""
+        """The Target.timing fields the board sets: its clock, cores and DDR, the host overhead, and the DPU timing
+        calibrated on silicon (DPU_TIMING)."""
         return {"clock_mhz": self.clock_mhz, "cores": self.cores, "board_ddr_mbps": self.ddr_mbps,
-                "ddr_efficiency_pct": DDR_EFFICIENCY_PCT, "frame_overhead_us": FRAME_OVERHEAD_US}
+                "ddr_efficiency_pct": DDR_EFFICIENCY_PCT, "frame_overhead_us": FRAME_OVERHEAD_US, **DPU_TIMING}
 
     def check(self, t: Target) -> None:
         """Refuse a target whose array is not the board's (another size: PP, ICP/OCP, ALU parallelism). Other

@@ -20,7 +20,7 @@ import pytest
 from opendpu.compiler.pipeline import compile as compile_graph
 from opendpu.compiler.xir.graph import Graph
 from opendpu.hw.resources import PG338_BRAM36, PG338_DSP
-from opendpu.isa.boards import get_board
+from opendpu.isa.boards import DPU_TIMING, get_board
 from opendpu.isa.target import Target, get_target
 from opendpu.runtime import archsweep as A
 from opendpu.runtime.cli import main as cli
@@ -124,6 +124,9 @@ def test_targets_of_points():
     assert z.timing.board_ddr_mbps == get_board("zcu102").ddr_mbps
     k = A.build_target({"board": "kv260", "preset": "B1152", "clock_mhz": 200})
     assert k.name == "DPUCZDX8G_ISA1_B1152" and k.timing.cores == 1 and k.timing.clock_mhz == 200.0
+    # the board's calibrated DPU timing comes with it, and a point's own timing field still wins
+    assert (k.timing.ddr_latency, k.timing.conv_latency) == (DPU_TIMING["ddr_latency"], DPU_TIMING["conv_latency"])
+    assert A.build_target({"board": "kv260", "conv_latency": 16}).timing.conv_latency == 16
     with pytest.raises(A.SweepError, match="preset, a board, or both pp and cp"):
         A.build_target({"cp": 8})
 
