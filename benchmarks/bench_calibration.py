@@ -3,7 +3,8 @@
 Table 1: UG1414's vaitrace ResNet-50 table (Figure 37) beside our profile of the zoo's Caffe ResNet-50 compiled for
 B4096, row by row (runtime/calibration.py groups our layers onto AMD's rows), at the board's clock, with the fitted
 per-row launch overhead of vaitrace's fine-grained mode; RT within 25 %, total RT, LdWB within 5 %.
-Table 2: the RT error over a grid of global timing parameters (fit: never one parameter per layer).
+Table 2: the fit of the DPU's global timing parameters (ddr_latency, conv_latency; never one parameter per layer) on
+that table: each grid point compiled for its timing and compared; the board profiles carry the fit (isa/boards.py).
 Table 3: PG338's fps table beside the fps of our compiled zoo models on the board's cores (sim/multicore.py).
 
 Models are the zoo's float ONNX with deterministic random weights (timing does not depend on weights), quantized with
@@ -31,6 +32,10 @@ from opendpu.runtime.profile import profile_graph  # noqa: E402
 from opendpu.sim.multicore import throughput  # noqa: E402
 
 
+GRID_DDR_LATENCY = (20, 30, 45, 60)
+GRID_CONV_LATENCY = (16, 48, 64, 80, 96, 112, 128, 160)
+
+
 def compiled(name: str, target, size=None):
     t0 = time.perf_counter()
     res = compile_graph(quantized(name, size or zoo.DEFAULT_SIZE[name]), target, name=name, cycles=cycle_model)
@@ -40,7 +45,7 @@ def compiled(name: str, target, size=None):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--board", default="zcu102", choices=sorted(BOARDS), help="board profile (default %(default)s)")
-    ap.add_argument("--no-grid", action="store_true", help="skip table 2")
+    ap.add_argument("--no-grid", action="store_true", help="skip table 2 (32 compiles of ResNet-50, a few minutes)")
     ap.add_argument("--no-pg338", action="store_true", help="skip table 3")
     ap.add_argument("--json", metavar="OUT.json", help="also write the figures as JSON")
     a = ap.parse_args()
@@ -62,20 +67,29 @@ def main() -> int:
                        "rows": [dict(c.__dict__, rt_ratio=c.rt_ratio, ldwb_ok=c.ldwb_ok) for c in fitted]}
 
     if not a.no_grid:
-        print("\nTable 2: global timing parameters (each with its best per-row overhead)")
-        print(f"{'ddr_latency':>11s} {'conv_latency':>12s} {'load_setup':>10s} {'overhead us':>11s} "
-              f"{'RT in 25 %':>10s} {'total RT':>8s} {'mean|ln|':>8s}")
+        # each point compiled for its own timing (the compiler decides by the cycle model), then compared; the fit
+        # is the smallest mean |ln(RT ours / RT UG1414)| with ddr_latency >= 30 cycles (107 ns at 281 MHz: below
+        # that a DDR4 read through the PS interconnect is not plausible)
+        print("\nTable 2: DPU timing fit (each point compiled for its timing, with its best per-row overhead)")
+        print(f"{'ddr_latency':>11s} {'conv_latency':>12s} {'overhead us':>11s} {'RT in 25 %':>10s} {'total RT':>8s} "
+              f"{'mean|ln|':>8s}")
         grid = []
-        for lat, cl, ls in itertools.product((30, 60, 120), (8, 16, 64), (4, 32)):
-            tt = t.with_timing(ddr_latency=lat, conv_latency=cl, load_setup=ls)
-            pt = profile_graph(g, target=tt)
+        for lat, cl in itertools.product(GRID_DDR_LATENCY, GRID_CONV_LATENCY):
+            tt = t.with_timing(ddr_latency=lat, conv_latency=cl)
+            gt, _ = compiled("resnet50_caffe", tt)
+            pt = profile_graph(gt, target=tt)
             c = cal.compare_resnet50(pt.rows(), cal.layer_ops(pt))
             o = cal.best_overhead(c)
             s = cal.score(cal.with_overhead(c, o))
-            grid.append({"ddr_latency": lat, "conv_latency": cl, "load_setup": ls, "overhead_ms": o, **s})
-            print(f"{lat:11d} {cl:12d} {ls:10d} {o * 1e3:11.0f} {s['rt_within']:4d}/{s['rows']:<5d} "
-                  f"{s['total_rt_err_pct']:+7.1f}% {s['mean_abs_log_rt']:8.3f}", flush=True)
+            grid.append({"ddr_latency": lat, "conv_latency": cl, "overhead_ms": o, **s})
+            mark = " (board)" if (lat, cl) == (t.timing.ddr_latency, t.timing.conv_latency) else ""
+            print(f"{lat:11d} {cl:12d} {o * 1e3:11.0f} {s['rt_within']:4d}/{s['rows']:<5d} "
+                  f"{s['total_rt_err_pct']:+7.1f}% {s['mean_abs_log_rt']:8.4f}{mark}", flush=True)
+        best = min((r for r in grid if r["ddr_latency"] >= 30), key=lambda r: r["mean_abs_log_rt"])
+        print(f"fit: ddr_latency {best['ddr_latency']}, conv_latency {best['conv_latency']} (the boards use "
+              f"{t.timing.ddr_latency}, {t.timing.conv_latency})")
         out["grid"] = grid
+        out["fit"] = {"ddr_latency": best["ddr_latency"], "conv_latency": best["conv_latency"]}
 
     if not a.no_pg338:
         print(f"\nTable 3: PG338 fps vs ours on {board.name} ({board.cores} cores; sim/multicore.py: host overhead "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -1150,6 +1150,34 @@ def _choose_half(c: _Ctx, job: "ConvJob") -> bool:
 ALU_KINDS = ("dwconv", "pool", "leaky", "hsigmoid", "relu6", "prelu")
 
 
+def _strip_plan(c: _Ctx, ho: int, wo: int, vb_max: int, col_max: int,
+                use: Callable[[int, int], "Sequence[int] | None"],
+                shares: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(strip rows, columns, rows per instruction) of a superlayer's strips: the largest rows per instruction (a
+    divisor of PP) for which some strip fits, as wide and then as tall as fits. `use(rows, cols)` gives the lines the
+    strip takes in each image ring (None: a field overflows); each must fit `depth / share`, the first share that
+    admits a strip wins (2 first: double buffering)."""
+    t = c.target
+    for share in shares:
+        budget = c.depth // share
+
+        def fits(rows: int, cols: int) -> bool:
+            u = use(rows, cols)
+            return u is not None and max(u) <= budget
+        for vb in range(vb_max, 0, -1):
+            if t.pp % vb:
+                continue
+            cols = min(wo, col_max)
+            while cols > 1 and not fits(vb, cols):
+                cols = max(1, min(cols - 1, cols * 3 // 4))
+            if fits(vb, cols):
+                rows = vb
+                while rows + vb <= _ceil(ho, vb) * vb and fits(rows + vb, cols):
+                    rows += vb
+                return rows, cols, vb
+    return None
+
+
 def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob", q_group: int = 0) -> None:
     """Producer P (CONV or ALU) and its only consumer Q (ALU, or CONV) strip by strip: for each strip of Q's output, P
     computes the rows and columns Q's windows read (recomputing overlapping halo rows, if any) straight into Q's
@@ -1218,32 +1246,17 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob", q_group:
             return None
         return p_lines, q_lines, _ceil(rows, t.pp) * cols * lpp_q
 
-    plan = None
+    def use(rows: int, cols: int) -> list[int] | None:
+        ln = lines(rows, cols)
+        if ln is None:
+            return None
+        u = [ln[0], ln[1]] + [0] * (len(c.img) - 2)
+        u[q_group] += ln[2]
+        return u
+
     # Q's output beside the intermediate (VB1) only with the half-depth budget: the ring then never wraps onto the
     # strip Q is still reading
-    for share in ((2, 1) if q_group != 1 else (2,)):
-        budget = c.depth // share
-        for vb in range(vbQ_max, 0, -1):
-            if t.pp % vb or plan:
-                continue
-            def fits(rows: int, cols: int) -> bool:
-                ln = lines(rows, cols)
-                if ln is None:
-                    return False
-                use = [ln[0], ln[1]] + [0] * (len(c.img) - 2)
-                use[q_group] += ln[2]
-                return max(use) <= budget
-            cols = min(winQ.wo, 2048)
-            while cols > 1 and not fits(vb, cols):
-                cols = max(1, min(cols - 1, cols * 3 // 4))
-            if fits(vb, cols):
-                rows = vb
-                top = _ceil(winQ.ho, vb) * vb
-                while rows + vb <= top and fits(rows + vb, cols):
-                    rows += vb
-                plan = (rows, cols, vb)
-        if plan:
-            break
+    plan = _strip_plan(c, winQ.ho, winQ.wo, vbQ_max, 2048, use, (2, 1) if q_group != 1 else (2,))
     if plan is None:
         raise CodegenError(f"fusion of {pjob.name!r} and {qjob.name!r}: one strip does not fit the image banks")
     rows, cols, vbQ = plan
@@ -1553,26 +1566,7 @@ def _conv_elew(c: _Ctx, pj: "ConvJob", qj: ElewJob, k: int) -> None:
         out = _ceil(rows, t.pp) * cols * cg
         return in_lines + len(others) * out, 2 * out
 
-    plan = None
-    for share in (2, 1):
-        budget = c.depth // share
-        for vb in range(st.vb_max, 0, -1):
-            if t.pp % vb or plan:
-                continue
-
-            def fits(rows: int, cols: int) -> bool:
-                ln = lines(rows, cols)
-                return ln is not None and max(ln) <= budget
-            cols = min(win.wo, 1024)
-            while cols > 1 and not fits(vb, cols):
-                cols = max(1, min(cols - 1, cols * 3 // 4))
-            if fits(vb, cols):
-                rows = vb
-                while rows + vb <= _ceil(win.ho, vb) * vb and fits(rows + vb, cols):
-                    rows += vb
-                plan = (rows, cols, vb)
-        if plan:
-            break
+    plan = _strip_plan(c, win.ho, win.wo, st.vb_max, 1024, lines, (2, 1))
     if plan is None:
         raise CodegenError(f"fusion of {pj.name!r} and {qj.name!r}: one strip does not fit the image banks")
     rows, cols, vb = plan

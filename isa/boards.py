@@ -1,8 +1,9 @@
 """Board profiles: the DPU configuration of a board's reference design (arch, cores, clock) and its DDR.
 
-`--board NAME` sets `Target.timing` clock_mhz, cores, board_ddr_mbps, ddr_efficiency_pct and frame_overhead_us, and the
-DPU timing fitted on silicon, ddr_latency and conv_latency (docs/calibration.md gives the sources and the fits). A board names an arch preset; a compiled model
-must have that array size (PP, CP, ALU_PP), whatever its other options.
+`--board NAME` sets `Target.timing` clock_mhz, cores, board_ddr_mbps, ddr_efficiency_pct and frame_overhead_us, and
+the DPU timing fitted on silicon, ddr_latency and conv_latency (docs/calibration.md gives the sources and the fits).
+A board names an arch preset; a compiled model must have that array size (PP, CP, ALU_PP), whatever its other
+options.
 """
 from __future__ import annotations
 
