@@ -665,6 +665,13 @@ class _ConvSetup:
     vb_max: int
 
 
+def _per_group(c: _Ctx, lines_slice: int, n_sl: int, half: bool = False) -> int:
+    """Output-channel slices per CONVW group: as many as the banks hold (at most half the depth in slices), or with
+    `half` as many as half the bank depth holds (double buffering)."""
+    per = max(1, min(n_sl, c.depth // lines_slice, c.depth // 2))
+    return max(1, min(per, c.depth // 2 // lines_slice)) if half else per
+
+
 def _conv_setup(c: _Ctx, job: ConvJob, half: bool = False) -> _ConvSetup:
     """Check the layer's limits and LOAD its bias (one LOAD of OC bytes; slice s at line base + s). `half`: weight
     groups of at most half the CONVW depth, so the next group's LOADs fill one half while the CONVs read the other."""
@@ -680,9 +687,7 @@ def _conv_setup(c: _Ctx, job: ConvJob, half: bool = False) -> _ConvSetup:
     if lines_slice > c.depth:
         raise CodegenError(f"layer {job.name!r}: the weights of one output channel need {lines_slice} CONVW lines "
                            f"(kernel {kw}x{kh} x {cg} channel groups), more than bank_depth {c.depth}")
-    per_group = max(1, min(n_sl, c.depth // lines_slice, c.depth // 2))
-    if half:
-        per_group = max(1, min(per_group, c.depth // 2 // lines_slice))
+    per_group = _per_group(c, lines_slice, n_sl, half)
     b_off = c.const(job.b.astype(np.int8).tobytes())
     b_base = c.bias.alloc(n_sl, f"layer {job.name!r} bias", c.param_align)
     c.s.add("LOAD", bank_addr=b_base, bank_id=t.bias_bank, jump_write=1, jump_read=oc, length=1, channel=oc,
@@ -1133,9 +1138,8 @@ def _choose_half(c: _Ctx, job: "ConvJob") -> bool:
     oc, kh, kw, ic = job.w.shape
     lines_slice = kh * kw * _ceil(ic, c.target.cp)
     n_sl = _ceil(oc, c.target.cp)
-    whole = max(1, min(n_sl, c.depth // lines_slice, c.depth // 2))
-    half = max(1, min(whole, c.depth // 2 // lines_slice))
-    if whole >= n_sl or half == whole:
+    whole = _per_group(c, lines_slice, n_sl)
+    if whole >= n_sl or _per_group(c, lines_slice, n_sl, True) == whole:
         return False
     try:
         cw, ch = _layer_cost(c, lambda k: _conv(k, job)), _layer_cost(c, lambda k: _conv(k, job, True))

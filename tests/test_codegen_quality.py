@@ -560,3 +560,44 @@ def test_conv_and_its_add_fused(target):
     assert _saved_bytes(on) < _saved_bytes(off)
     _check_exact(g, shape, on, t)
     assert _cycles(on) < _cycles(off)
+
+
+# ---- weight groups: double buffering and the kept input --------------------------------------------------------
+def _wide():
+    """A small map with many weights: 3x3 conv 64 -> 256 channels on 6x6 (pads 1), the weights of every output
+    channel need several CONVW groups on B512 and PP2_CP4_D512, and the layer is bound by their LOADs."""
+    return _Net((1, 64, 6, 6)).conv(256, 3, 1, 1).op("Relu")
+
+
+@pytest.mark.parametrize("target,one_strip", [("B512", True), ("PP2_CP4_D512", False)])
+def test_double_buffered_weights_and_kept_input(target, one_strip, monkeypatch):
+    """Forced either way (codegen._choose_half), both programs equal the reference and are race-free; the double-
+    buffered one puts weight LOADs of the next group between the CONVs of a group and takes fewer cycles. Where the
+    input is one strip (B512) it is LOADed once for all groups (its bytes once, not once per group); on
+    PP2_CP4_D512 (512-line banks) it takes several strips, LOADed again per group."""
+    from opendpu.runtime.costmodel import cycle_model
+    g, shape = _quantized(_wide())
+    t = TARGETS[target]()
+    progs = {}
+    for half in (False, True):
+        monkeypatch.setattr(codegen, "_choose_half", lambda c, job, half=half: half)
+        progs[half] = _compile(g, t, cycles=cycle_model)
+        _check_exact(g, shape, progs[half], t)
+    conv = _op(g, "conv2d-fix")
+    convw = range(t.convw_base, t.convw_base + t.cp)
+    ins = _layer_ins(progs[True], conv)
+    ops = [("W" if x.op == "LOAD" and x.fields["bank_id"] in convw else x.op) for x in ins]
+    groups = sum(1 for a, b in zip(ops, ops[1:]) if a != "CONV" and b == "CONV")
+
+    def between_convs(i: int) -> bool:                       # a run of weight LOADs right between two CONVs
+        j = i
+        while j < len(ops) and ops[j] == "W":
+            j += 1
+        return ops[i] == "W" and ops[i - 1] == "CONV" and j < len(ops) and ops[j] == "CONV"
+    assert groups > 2 and any(between_convs(i) for i in range(1, len(ops)))
+    assert _cycles(progs[True]) < _cycles(progs[False])
+    img = range(0, t.img_bg * t.pp)
+    for p in progs.values():
+        loaded = sum(x.fields["length"] * x.fields["channel"] for x in _layer_ins(p, conv)
+                     if x.op == "LOAD" and x.fields["bank_id"] in img)
+        assert (loaded == 6 * 6 * 64) == one_strip
