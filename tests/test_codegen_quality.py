@@ -572,7 +572,8 @@ def _wide():
 @pytest.mark.parametrize("target,one_strip", [("B512", True), ("PP2_CP4_D512", False)])
 def test_double_buffered_weights_and_kept_input(target, one_strip, monkeypatch):
     """Forced either way (codegen._choose_half), both programs equal the reference and are race-free; the double-
-    buffered one puts weight LOADs of the next group between the CONVs of a group and takes fewer cycles. Where the
+    buffered one puts the next group's weight LOADs among a group's CONVs (after its last input LOAD; single
+    buffering opens each group with them) and takes fewer cycles. Where the
     input is one strip (B512) it is LOADed once for all groups (its bytes once, not once per group); on
     PP2_CP4_D512 (512-line banks) it takes several strips, LOADed again per group."""
     from opendpu.runtime.costmodel import cycle_model
@@ -585,16 +586,15 @@ def test_double_buffered_weights_and_kept_input(target, one_strip, monkeypatch):
         _check_exact(g, shape, progs[half], t)
     conv = _op(g, "conv2d-fix")
     convw = range(t.convw_base, t.convw_base + t.cp)
-    ins = _layer_ins(progs[True], conv)
-    ops = [("W" if x.op == "LOAD" and x.fields["bank_id"] in convw else x.op) for x in ins]
-    groups = sum(1 for a, b in zip(ops, ops[1:]) if a != "CONV" and b == "CONV")
 
-    def between_convs(i: int) -> bool:                       # a run of weight LOADs right between two CONVs
-        j = i
-        while j < len(ops) and ops[j] == "W":
-            j += 1
-        return ops[i] == "W" and ops[i - 1] == "CONV" and j < len(ops) and ops[j] == "CONV"
-    assert groups > 2 and any(between_convs(i) for i in range(1, len(ops)))
+    def weight_runs_after_a_conv(p) -> tuple[int, int]:
+        """(runs of weight LOADs that follow a CONV of the group before them, all runs)"""
+        ops = [("W" if x.op == "LOAD" and x.fields["bank_id"] in convw else x.op) for x in _layer_ins(p, conv)]
+        starts = [i for i in range(1, len(ops)) if ops[i] == "W" and ops[i - 1] != "W"]
+        return sum(ops[i - 1] == "CONV" for i in starts), len(starts)
+    after, runs = weight_runs_after_a_conv(progs[True])
+    assert runs > 2 and after >= 2                       # several groups; the next group's weights among the CONVs
+    assert weight_runs_after_a_conv(progs[False])[0] == 0   # single buffering: a group's weights open the group
     assert _cycles(progs[True]) < _cycles(progs[False])
     img = range(0, t.img_bg * t.pp)
     for p in progs.values():
