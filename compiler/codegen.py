@@ -2000,6 +2000,14 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
         lops = [n] + [i for i in op.input_ops() if i in ops and graph.ops[i].type in SKIP_TYPES]
         cons = graph.consumers(n)
 
+        def pair_layer(q: Op, qout: FMap, n: str = n, lops: list[str] = lops, first: int = first) -> None:
+            """Op n and its consumer q, emitted fused, as one layer (q's output image is internal unless an output)."""
+            qops = [q.name] + [i for i in q.input_ops() if i in ops and graph.ops[i].type in SKIP_TYPES]
+            layers.append(Layer(n, lops + qops, first, len(c.s.ins) - first))
+            done.add(q.name)
+            if qout.reg == REG_WORKSPACE and q.name not in member_of:
+                internal.append(_image(q.name, qout, _t(q).shape))
+
         def alu_pair(p: str) -> bool:
             """Is p's only consumer an ALU layer reading only p (a pair `_fused` takes first)?"""
             cs = graph.consumers(p)
@@ -2021,11 +2029,7 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
             qout = place(q.name)
             jobs = _fuse_jobs(c, graph, op, q, kinds, fm, qout)
             if jobs is not None and _try_fuse(c, *jobs):
-                qops = [q.name] + [i for i in q.input_ops() if i in ops and graph.ops[i].type in SKIP_TYPES]
-                layers.append(Layer(n, lops + qops, first, len(c.s.ins) - first))
-                done.add(q.name)
-                if qout.reg == REG_WORKSPACE and q.name not in member_of:
-                    internal.append(_image(q.name, qout, _t(q).shape))
+                pair_layer(q, qout)
                 continue
         # a conv whose only reader is an ELEW whose other inputs are already computed: the two in one strip loop
         if (fuse and k == "conv" and n not in out_set and n not in fm and len(cons) == 1 and cons[0] in ops
@@ -2039,11 +2043,7 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
                 qout = place(q.name)
                 jobs = _fuse_jobs(c, graph, op, q, kinds, fm, qout, elew=True)
                 if jobs is not None and _try_fuse_elew(c, jobs[0], jobs[1], qins.index(n)):
-                    qops = [q.name] + [i for i in q.input_ops() if i in ops and graph.ops[i].type in SKIP_TYPES]
-                    layers.append(Layer(n, lops + qops, first, len(c.s.ins) - first))
-                    done.add(q.name)
-                    if qout.reg == REG_WORKSPACE and q.name not in member_of:
-                        internal.append(_image(q.name, qout, _t(q).shape))
+                    pair_layer(q, qout)
                     continue
         view_only = False
         if k == "view":         # a window of its input's image; copied only where a dense image is needed
