@@ -123,12 +123,14 @@ class Ring:
         keys, so a LOAD of the next strip does not wait for the engines still reading the previous one)."""
         if n > self.depth:
             raise CodegenError(f"{what} needs {n} lines of a bank, more than the {self.depth} available")
-        self.ptr = _ceil(self.ptr, align) * align
-        if self.ptr + n > self.depth:
-            self.ptr = 0
-        a = self.ptr
-        self.ptr += n
+        a = self.peek(n, align)
+        self.ptr = a + n
         return a
+
+    def peek(self, n: int, align: int = 1) -> int:
+        """The first line `alloc(n, ..., align)` would return, without allocating."""
+        a = _ceil(self.ptr, align) * align
+        return 0 if a + n > self.depth else a
 
 
 def _ceil(a: int, b: int) -> int:
@@ -440,12 +442,14 @@ def _channel_chunk(c: _Ctx, name: str, win: Window, cg_all: int, n_in: int, vb_m
 
 
 def _strip(c: _Ctx, name: str, inp: FMap, tile: Tile, sh: int, cg: int, lpp: int,
-           aug: "Aug | None" = None) -> tuple[InBuf, OutBuf]:
+           aug: "Aug | None" = None, ib: "InBuf | None" = None) -> tuple[InBuf, OutBuf]:
     """Allocate a strip's input buffer (VB0) and output buffer (VB1, `lpp` lines per pixel) in the rings and LOAD
-    the strip's input rows (channel-augmented items when `aug` is given)."""
+    the strip's input rows (channel-augmented items when `aug` is given); with `ib`, the input already on chip
+    there (only the output buffer is allocated)."""
     t = c.target
     align = TOKEN_LINES if c.pipeline else 1        # consecutive strips' buffers share no dependency key
-    ib = _in_buf(c, name, tile, sh, cg, inp, aug, align=align)
+    if ib is None:
+        ib = _in_buf(c, name, tile, sh, cg, inp, aug, align=align)
     Eo = tile.cols * lpp
     ob = OutBuf(t.img_base(1), c.img[1].alloc(_ceil(tile.rows, t.pp) * Eo, f"layer {name!r} output", align), Eo,
                 lpp)
@@ -665,6 +669,12 @@ class _ConvSetup:
     vb_max: int
 
 
+def _weight_lines(t: Target, job: "ConvJob") -> tuple[int, int]:
+    """(CONVW lines of one output channel's weights, output-channel slices) of a conv."""
+    oc, kh, kw, ic = job.w.shape
+    return kh * kw * _ceil(ic, t.cp), _ceil(oc, t.cp)
+
+
 def _per_group(c: _Ctx, lines_slice: int, n_sl: int, half: bool = False) -> int:
     """Output-channel slices per CONVW group: as many as the banks hold (at most half the depth in slices), or with
     `half` as many as half the bank depth holds (double buffering)."""
@@ -677,10 +687,8 @@ def _conv_setup(c: _Ctx, job: ConvJob, half: bool = False) -> _ConvSetup:
     groups of at most half the CONVW depth, so the next group's LOADs fill one half while the CONVs read the other."""
     t = c.target
     oc, kh, kw, ic = job.w.shape
-    K = kh * kw
     cg = _ceil(ic, t.cp)
-    n_sl = _ceil(oc, t.cp)
-    lines_slice = K * cg
+    lines_slice, n_sl = _weight_lines(t, job)
     if cg > 256:
         raise CodegenError(f"layer {job.name!r}: {ic} input channels = {cg} channel groups > 256 (CONV "
                            f"channel_group); one CONV must read all input channels")
@@ -760,29 +768,23 @@ def _conv(c: _Ctx, job: ConvJob, half: bool = False) -> None:
     kept: list[InBuf] = []
 
     def load(tile: Tile, nsg: int) -> tuple[InBuf, OutBuf]:
-        if not kept:
-            ib, ob = _strip(c, job.name, job.inp, tile, win.sh, st.cg, nsg, job.aug)
-            if keep:
-                kept.append(ib)
-            return ib, ob
-        Eo = tile.cols * nsg
-        return kept[0], OutBuf(t.img_base(1), c.img[1].alloc(_ceil(tile.rows, t.pp) * Eo, f"layer {job.name!r} output",
-                                                             TOKEN_LINES if c.pipeline else 1), Eo, nsg)
+        ib, ob = _strip(c, job.name, job.inp, tile, win.sh, st.cg, nsg, job.aug, kept[0] if kept else None)
+        if keep and not kept:
+            kept.append(ib)
+        return ib, ob
 
     for gi, (g0, nsg) in enumerate(groups):
         if gi and not ahead:
             w_next = _conv_weights(c, job, st, g0, nsg)
         w_base = w_next
         ahead = []
-        if half and gi + 1 < len(groups):
-            blob = len(c.blob)
-            # double buffering: the next group's weight LOADs (the other half of the CONVW ring) go after this
-            # group's last input LOAD, spread among its CONVs, so the LOAD engine fills them while the CONVs run
+        n_next = groups[gi + 1][1] * st.lines_slice if gi + 1 < len(groups) else 0
+        # double buffering: the next group's weight LOADs (the other half of the CONVW ring) go after this group's
+        # last input LOAD, spread among its CONVs, so the LOAD engine fills them while the CONVs run; unless the
+        # ring would put them over this group's lines (then they open the next group, in place)
+        if half and n_next and _disjoint((0, w_base, nsg * st.lines_slice),
+                                         (0, c.convw.peek(n_next, c.param_align), n_next)):
             w_next, ahead = _cut(c, lambda: _conv_weights(c, job, st, *groups[gi + 1]))
-            if not _disjoint((0, w_base, nsg * st.lines_slice), (0, w_next, groups[gi + 1][1] * st.lines_slice)):
-                c.convw.ptr = w_next                      # the ring wrapped onto this group: load it in place later
-                del c.blob[blob:]
-                ahead = []
         c0 = g0 * t.cp
         nch = min(oc, (g0 + nsg) * t.cp) - c0
         vb = plans[gi][2]
@@ -1135,9 +1137,7 @@ def _choose_half(c: _Ctx, job: "ConvJob") -> bool:
     reading the input again). Decided on the cycle model, which alone sees that overlap (docs/compiler.md)."""
     if c.cycles is None:
         return False
-    oc, kh, kw, ic = job.w.shape
-    lines_slice = kh * kw * _ceil(ic, c.target.cp)
-    n_sl = _ceil(oc, c.target.cp)
+    lines_slice, n_sl = _weight_lines(c.target, job)
     whole = _per_group(c, lines_slice, n_sl)
     if whole >= n_sl or _per_group(c, lines_slice, n_sl, True) == whole:
         return False
@@ -1324,6 +1324,11 @@ def _fused(c: _Ctx, pjob: "ConvJob | AluJob", qjob: "AluJob | ConvJob", q_group:
                                                     TOKEN_LINES), Eo, lpp_q)
         per = _ceil(len(moved), n_q) if moved else 0
         ob_span = _buf_span(t, obq, qt.rows)
+        # the rings allocate without knowing what is live: Q's rows must not land on the strip Q reads or on the next
+        # strip's input (LOADed among Q's blocks)
+        if not _disjoint(ob_span, _buf_span(t, ibq)) or (k + 1 < len(tiles) and not _disjoint(ob_span,
+                                                                                           _buf_span(t, nxt[1]))):
+            raise CodegenError(f"fusion into {qjob.name!r}: its output rows would overwrite a strip buffer in use")
         nxt_span = _buf_span(t, nxt[1]) if k + 1 < len(tiles) else None
         if deferred[0] and not _disjoint(ob_span, deferred[1]):
             _put(c, deferred[0])                          # Q's blocks overwrite the deferred rows: SAVE them first
@@ -1494,7 +1499,6 @@ def _elew_chunk(c: _Ctx, job: ElewJob) -> None:
     n = len(job.inps)
     rows, cols, vb = _plan_tiles(c, job.name, win, cg, n, cg, _block_rows(t, win, t.alu_pp), 8192, 2048)
     for tile in _tiles(win, rows, cols):
-        E, lines = _in_lines(t, tile, 1, cg)
         bufs = []
         subs = []
         for fm in job.inps:
@@ -1514,29 +1518,23 @@ def _elew_chunk(c: _Ctx, job: ElewJob) -> None:
         Eo = tile.cols * cg
         ob = OutBuf(t.img_base(1), c.img[1].alloc(_ceil(tile.rows, t.pp) * Eo, f"layer {job.name!r} output"),
                     Eo, cg)
-        for j0 in range(0, tile.rows, vb):
-            vpp = min(vb, tile.rows - j0)
-            p, b = divmod(j0, t.pp)
-            for k, (ib, rb, cb) in enumerate(bufs):
-                c.s.add("ELEWINIT", share_pp=int(rb), bank_id_in=ib.group + (0 if rb else b),
-                        bank_addr_in=ib.base + (0 if rb else p * ib.E), jump_read_endl=ib.E, id=k, jump_bank=1,
-                        jump_read=0 if cb else cg, shift_read=job.shift_read[k])
-            c.s.add("ELEW", length=tile.cols, act_type=job.act, elew_type=job.elew_type, bank_id_out=ob.group + b,
-                    bank_addr_out=ob.base + p * Eo, jump_write_endl=Eo, num=n, valid_pixel_parallel=vpp,
-                    jump_write=cg, shift_write=job.shift_write, channel_group=cg)
+        _elew_rows(c, job, tile, bufs, ob, vb)
         _save_rows(c, job.out, tile, ob, 0, ch)
 
 
-def _elew_rows(c: _Ctx, job: ElewJob, tile: Tile, bufs: list[InBuf], ob: OutBuf, vb: int) -> None:
-    """The ELEWINITs and ELEWs of one strip: input k read from bufs[k] (same rows and columns as the output)."""
+def _elew_rows(c: _Ctx, job: ElewJob, tile: Tile, bufs: list[tuple[InBuf, bool, bool]], ob: OutBuf,
+               vb: int) -> None:
+    """The ELEWINITs and ELEWs of one strip, `vb` rows per ELEW: input k read from bufs[k] = (buffer, broadcast over
+    rows, broadcast over columns; spec §6.7 share_pp / jump_read 0), the output written to `ob`."""
     t = c.target
     cg = _ceil(job.out.c, t.cp)
     for j0 in range(0, tile.rows, vb):
         vpp = min(vb, tile.rows - j0)
         p, b = divmod(j0, t.pp)
-        for k, ib in enumerate(bufs):
-            c.s.add("ELEWINIT", share_pp=0, bank_id_in=ib.group + b, bank_addr_in=ib.base + p * ib.E,
-                    jump_read_endl=ib.E, id=k, jump_bank=1, jump_read=cg, shift_read=job.shift_read[k])
+        for k, (ib, rb, cb) in enumerate(bufs):
+            c.s.add("ELEWINIT", share_pp=int(rb), bank_id_in=ib.group + (0 if rb else b),
+                    bank_addr_in=ib.base + (0 if rb else p * ib.E), jump_read_endl=ib.E, id=k, jump_bank=1,
+                    jump_read=0 if cb else cg, shift_read=job.shift_read[k])
         c.s.add("ELEW", length=tile.cols, act_type=job.act, elew_type=job.elew_type, bank_id_out=ob.group + b,
                 bank_addr_out=ob.base + p * ob.E, jump_write_endl=ob.E, num=len(bufs), valid_pixel_parallel=vpp,
                 jump_write=cg, shift_write=job.shift_write, channel_group=cg)
@@ -1599,7 +1597,7 @@ def _conv_elew(c: _Ctx, pj: "ConvJob", qj: ElewJob, k: int) -> None:
         eb = OutBuf(t.img_base(1), a1 + out, Eo, cg)
         _conv_tile(c, pj, st, tile, ib, ob, w_base, 0, cg, vb, state)
         bufs.insert(k, InBuf(ob.group, ob.base, Eo, cg, 1, out))
-        _elew_rows(c, qj, otile, bufs, eb, vbE)
+        _elew_rows(c, qj, otile, [(b, False, False) for b in bufs], eb, vbE)
         _save_rows(c, qj.out, tile, eb, 0, qj.out.c)
     kp = pj.w.shape[1] * pj.w.shape[2] * pj.w.shape[3]
     c.workload += 2 * qj.out.c * kp * win.ho * win.wo + len(qj.inps) * qj.out.c * H * W
@@ -1990,6 +1988,7 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
         fm[a_src] = dense(f.reg, f.addr, _t(graph.ops[a_src]).shape, _fp(graph.ops[a_src]))
     layers: list[Layer] = []
     done: set[str] = set()              # consumers already emitted with their producer
+    pos_of = {m: j for j, m in enumerate(compute)}
     for n in compute:
         if n in done:
             continue
@@ -2036,8 +2035,7 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
                 and kinds[cons[0]] == "elew"):
             q = graph.ops[cons[0]]
             qins = [i for i in _data_inputs(q) if graph.ops[i].type not in SKIP_TYPES]
-            at_ = {m: j for j, m in enumerate(compute)}
-            ready = all(i == n or i in inputs or (i in at_ and at_[i] < at_[n] and kinds[i] != "alias")
+            ready = all(i == n or i in inputs or (i in pos_of and pos_of[i] < pos_of[n] and kinds[i] != "alias")
                         for i in qins)
             if ready and qins.count(n) == 1:
                 qout = place(q.name)

@@ -468,8 +468,8 @@ def _write_announced(path: str, fn, what: str) -> None:
 
 
 def _board_timing(a, dpus) -> dict:
-    """--board: the timing the board sets (clock, cores, DDR, host overhead), after checking that every DPU
-    subgraph's array is the board's; {} without --board."""
+    """--board: the timing the board sets (clock, cores, DDR, host overhead, calibrated DPU timing), after checking
+    that every DPU subgraph's array is the board's; {} without --board."""
     from opendpu.isa.boards import get_board
     from opendpu.isa.target import TargetError
     if not getattr(a, "board", None):
@@ -1192,8 +1192,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--txt", metavar="P.txt", help="also write the text summary to this file")
     pr.add_argument("--roofline", metavar="R.png", help="write the per-layer roofline: ops per DDR byte against "
                                                         "achieved GOP/s under the peak and DDR roofs")
-    pr.add_argument("--board", help="board profile: clock, cores, DDR and host overhead (zcu102, zcu104, kv260, "
-                                    "kr260; docs/calibration.md); also prints the board's fps with all its cores")
+    pr.add_argument("--board", help="board profile: clock, cores, DDR, host overhead and the DPU timing fitted on "
+                                    "silicon (zcu102, zcu104, kv260, kr260; docs/calibration.md); also prints the "
+                                    "board's fps with all its cores")
     pr.add_argument("--compare", metavar="OTHER.xmodel", help="a second program of the same graph (AMD's, or "
                                                               "another configuration): layer-by-layer side by side")
     pr.add_argument("--compare-csv", metavar="S.csv", help="write the side-by-side rows as CSV")
