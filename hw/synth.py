@@ -385,7 +385,7 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
     if workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix="opendpu-synth-"))
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    claim_workdir(workdir)
     (workdir / "design.v").write_text(verilog_text)
     sizes = verilog_memory_sizes(verilog_text)
     try:
@@ -418,6 +418,31 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
     return res
 
 
+WORKDIR_MARKER = ".opendpu-synth"
+WORKDIR_FILES = {"design.v", "synth.ys", "yosys.log", "yosys.out", "stat.txt", "ltp.txt"}   # what the flow writes
+
+
+def check_workdir(workdir: Path) -> None:
+    """Refuse a work directory holding files this flow did not write (it writes WORKDIR_FILES there, replacing
+    any of the same name): it must be new, empty, marked by an earlier run, or hold only an earlier run's files."""
+    if not workdir.exists():
+        return
+    if not workdir.is_dir():
+        raise SynthError(f"work directory {workdir} is a file; nothing was written")
+    names = {p.name for p in workdir.iterdir()}
+    ours = WORKDIR_MARKER in names or (names <= WORKDIR_FILES and "synth.ys" in names)
+    if names and not ours:
+        raise SynthError(f"work directory {workdir} is not empty and was not made by the synthesis flow (no "
+                         f"{WORKDIR_MARKER}); choose a new or empty directory; nothing was written")
+
+
+def claim_workdir(workdir: Path) -> None:
+    """`check_workdir`, then create it and mark it as the flow's."""
+    check_workdir(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / WORKDIR_MARKER).touch()
+
+
 def _memory_summary(mems: list[dict]) -> dict:
     return {"memories": mems,
             "memories_in_ff": sum(1 for m in mems if m["mapped"] == "ff"),
@@ -439,9 +464,10 @@ def synth_target(target, *, family: str = FAMILY, timeout: float = DEFAULT_TIMEO
 
     from .harness import export_verilog
     t = get_target(target)
-    require_yosys(yosys)                       # fail before the export when there is no yosys
     if workdir is None:
         workdir = Path("build") / "synth" / t.name
+    check_workdir(Path(workdir))               # before the export: a refused directory costs nothing
+    require_yosys(yosys)                       # fail before the export when there is no yosys
     t0 = time.monotonic()
     text = export_verilog(t, cache=False)          # the export time is part of the report
     export_s = time.monotonic() - t0

@@ -133,6 +133,32 @@ def test_lut_mapper_errors_name_the_mapper_and_the_family():
     assert synth.script("d.v", "top", mapped_only=True).count("synth_xilinx") == 1
 
 
+def test_work_directory_with_other_files_is_refused_and_left_alone(tmp_path):
+    """The flow writes design.v, synth.ys, yosys.log ... into its work directory: one holding a user's files is
+    refused before anything is written (and before the Verilog export), one from an earlier run is reused."""
+    mine = tmp_path / "project"
+    mine.mkdir()
+    (mine / "design.v").write_text("// my design\n")
+    with pytest.raises(synth.SynthError, match="not made by the synthesis flow"):
+        synth.claim_workdir(mine)
+    with pytest.raises(synth.SynthError, match="not made by the synthesis flow"):
+        synth.synth_target("PP2_CP4_D512", workdir=mine, yosys=str(tmp_path / "no-yosys"))
+    assert sorted(p.name for p in mine.iterdir()) == ["design.v"]
+    assert (mine / "design.v").read_text() == "// my design\n"
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(synth.SynthError, match="is a file"):
+        synth.claim_workdir(tmp_path / "afile")
+    old = tmp_path / "old-run"                        # an earlier run's files, before the marker existed
+    old.mkdir()
+    for n in ("design.v", "synth.ys", "yosys.log"):
+        (old / n).write_text("")
+    synth.claim_workdir(old)
+    assert (old / synth.WORKDIR_MARKER).exists()
+    new = tmp_path / "new" / "dir"
+    synth.claim_workdir(new)
+    assert [p.name for p in new.iterdir()] == [synth.WORKDIR_MARKER]
+
+
 def test_stat_parser_sums_module_blocks():
     text = ("=== top ===\n   Number of cells: 3\n        2   FDRE\n        1   top_sub\n"
             "=== top_sub ===\n   Number of cells: 2\n        1   DSP48E2\n        4   FDRE\n"
