@@ -42,6 +42,7 @@ TOKEN_LINES = 8                  # line_chunk of the dependency planner (_tokens
 ADDR_FIELD_LINES = 4096          # 12-bit bank address fields of LOAD / SAVE / CONV (spec §4.3)
 DDR_ALIGN = 64
 MAX_ITEMS = 1024                 # LOAD / SAVE length
+LOAD_CHANNEL_MAX = 16384         # LOAD channel (bytes of one item)
 MAX_SAVE_CHANNEL = 4096
 ACT_CODE = {"NONE": 0, "RELU": 1, "PRELU": 2, "LEAKYRELU": 3, "RELU6": 4}
 
@@ -717,6 +718,16 @@ def _conv_weights(c: _Ctx, job: ConvJob, st: _ConvSetup, g0: int, nsg: int) -> i
         data = np.ascontiguousarray(job.w[chans].reshape(len(chans) * K, ic))
         off = c.const(data.tobytes())
         items = len(chans) * K
+        if ic % t.cp == 0 and t.load_lines_per_cycle(t.convw_base + o, ic, ic, 0) < t.timing.weight_load_lines:
+            # whole lines, contiguous in DDR and bank, but one item would take channel augmentation's single-line
+            # path: LOAD them as long items instead, which the wide weight path writes two lines per cycle
+            per = min(items, LOAD_CHANNEL_MAX // ic)
+            for i0 in range(0, items, per):
+                n = min(per, items - i0)
+                c.s.add("LOAD", bank_addr=w_base + i0 * cg, bank_id=t.convw_base + o, jump_write=cg,
+                        jump_read=n * ic, length=1, channel=n * ic, pad_idx=1, reg_id=REG_CONST,
+                        ddr_addr=off + i0 * ic)
+            continue
         for i0 in range(0, items, MAX_ITEMS):
             n = min(MAX_ITEMS, items - i0)
             c.s.add("LOAD", bank_addr=w_base + i0 * cg, bank_id=t.convw_base + o, jump_write=cg, jump_read=ic,
@@ -927,6 +938,17 @@ def _compute_cost(op: str, f: dict, tm, ks: list[int]) -> int:
     return tm.elew_latency + f["length"] * f["channel_group"] * f["num"]
 
 
+def _load_cost(t: Target, f: dict) -> int:
+    """A LOAD's busy cycles by the cycle model's §3 formula, its items taken at their full `channel` (channel
+    augmentation's masked bytes are counted as read)."""
+    tm = t.timing
+    ch = f["channel"]
+    lines = _ceil(_ceil(ch, t.cp), t.load_lines_per_cycle(f["bank_id"], ch, f["jump_read"], f["broadcast"]))
+    if f["broadcast"] == 7:
+        return tm.load_setup + f["length"] * lines
+    return tm.load_setup + tm.ddr_latency + f["length"] * max(_ceil(ch, tm.ddr_bytes_per_cycle * tm.ddr_ports), lines)
+
+
 def _estimate(t: Target, ins: list[Instruction], layer_of: list[int]) -> int:
     """Cycles of a stream by the cycle model's per-instruction costs (docs/microarchitecture.md §3, the target's
     Timing): per layer the busiest engine (engines overlap inside a layer; SAVEs are spread over the AXI ports),
@@ -941,8 +963,7 @@ def _estimate(t: Target, ins: list[Instruction], layer_of: list[int]) -> int:
         op = x.op
         cost: float                                       # int cycles, except a SAVE's share of the AXI ports
         if op == "LOAD":
-            lines = _ceil(f["channel"], W)
-            cost = tm.load_setup + L + f["length"] * max(_ceil(f["channel"], B * ports), lines)
+            cost = _load_cost(t, f)
         elif op == "SAVE":
             lines = _ceil(f["channel"], W)
             cost = (tm.save_setup + f["length"] * max(_ceil(f["channel"], B), lines) + L) / ports
@@ -1001,7 +1022,7 @@ def _schedule(t: Target, ins: list[Instruction]) -> int:
             dk = max(dk, qc[-Q] + 1)
         d[k] = d_prev = dk
         if op == "LOAD":
-            cost = tm.load_setup + L + f["length"] * max(_ceil(f["channel"], B * ports), _ceil(f["channel"], W))
+            cost = _load_cost(t, f)
         elif op == "SAVE":
             cost = tm.save_setup + f["length"] * max(_ceil(f["channel"], B), _ceil(f["channel"], W)) + L
         elif op in _COST_OPS:

@@ -74,7 +74,7 @@ class BankArray(wiring.Component):
     def __init__(self, p: HwParams):
         self.p = p
         super().__init__({
-            "load_wr": In(iface.bank_write(p)),
+            "load_wr": In(iface.load_write(p)),
             "conv_rd": In(iface.bank_read(p)).array(p.pp),
             "conv_wr": In(iface.bank_write(p)).array(p.pp),
             "convw_rd": In(iface.convw_read(p)),
@@ -90,8 +90,21 @@ class BankArray(wiring.Component):
             "save_go": Out(p.ddr_ports),
         })
         self.lines = write_lines(p)          # write queue: lines - 1 entries per image bank
-        # One memory per bank id; tests read and write them through `mems[b].data[line]`.
-        self.mems = [Memory(shape=8 * p.width, depth=p.depth, init=[]) for _ in range(p.num_banks)]
+        # One memory per bank id; tests read and write them through `line(b, ln)`. With the wide weight path
+        # (p.weight_lines = 2) each CONVW bank is two memories of DEPTH/2 lines, even and odd lines (`halves`), so
+        # that LOAD writes two consecutive lines per cycle; its entry in `mems` is None.
+        self.wide = p.weight_lines == 2
+        convw = range(p.convw_base, p.convw_base + p.ocp)
+        self.halves = {b: tuple(Memory(shape=8 * p.width, depth=p.depth // 2, init=[]) for _ in range(2))
+                       for b in convw} if self.wide else {}
+        self.mems = [None if b in self.halves else Memory(shape=8 * p.width, depth=p.depth, init=[])
+                     for b in range(p.num_banks)]
+
+    def line(self, b: int, ln: int):
+        """The simulator-visible storage of line `ln` of bank `b` (for tests: ctx.get / ctx.set)."""
+        if b in self.halves:
+            return self.halves[b][ln & 1].data[ln >> 1]
+        return self.mems[b].data[ln]
 
     def elaborate(self, platform):
         p = self.p
@@ -101,7 +114,10 @@ class BankArray(wiring.Component):
         ab = p.addr_bits
         W8 = 8 * p.width
         for b, mem in enumerate(self.mems):
-            m.submodules[f"bank{b}"] = mem
+            if mem is not None:
+                m.submodules[f"bank{b}"] = mem
+        for b, hv in self.halves.items():
+            m.submodules[f"bank{b}_even"], m.submodules[f"bank{b}_odd"] = hv
 
         # ---- per-row bank hits (request of one row for one image bank) ----
         def hits(r, tag):
@@ -263,15 +279,41 @@ class BankArray(wiring.Component):
                     m.d.sync += [qv[i].eq(en), qa[i].eq(addr), qd[i].eq(data)]
 
         # ---- parameter banks: LOAD is their only writer ----
+        lw = self.load_wr
         for b in range(nimg, p.num_banks):
+            if b in self.halves:
+                continue
             wp = self.mems[b].write_port()
-            m.d.comb += [wp.addr.eq(self.load_wr.addr), wp.data.eq(self.load_wr.data),
-                         wp.en.eq(self.load_wr.en & (self.load_wr.bank == b) & go_load)]
+            m.d.comb += [wp.addr.eq(lw.addr), wp.data.eq(lw.data), wp.en.eq(lw.en & (lw.bank == b) & go_load)]
+        if self.wide:
+            # split CONVW bank: line l in half l & 1 at l >> 1; LOAD's two lines l, l + 1 are in different halves
+            a2 = Signal(ab, name="load_wr_addr2")
+            m.d.comb += a2.eq(lw.addr + 1)
+            for b, hv in self.halves.items():
+                e1 = Signal(name=f"w{b}_e1")
+                e2 = Signal(name=f"w{b}_e2")
+                m.d.comb += [e1.eq(lw.en & (lw.bank == b) & go_load), e2.eq(lw.en2 & (lw.bank == b) & go_load)]
+                for h, mem in enumerate(hv):
+                    wp = mem.write_port()
+                    first = lw.addr[0] == h                  # line 1 of the cycle is in this half
+                    m.d.comb += [wp.en.eq(Mux(first, e1, e2)),
+                                 wp.addr.eq(Mux(first, lw.addr[1:], a2[1:])),
+                                 wp.data.eq(Mux(first, lw.data, lw.data2))]
         # CONVW: CONV only; a frozen CONV reads nothing, so the ports keep their data (no hold register)
         for o in range(p.ocp):
-            rp = self.mems[p.convw_base + o].read_port(transparent_for=())
-            m.d.comb += [rp.addr.eq(self.convw_rd.addr), rp.en.eq(self.convw_rd.en & go_conv),
-                         self.convw_rd.data[o].eq(rp.data)]
+            b = p.convw_base + o
+            ren = self.convw_rd.en & go_conv
+            if b not in self.halves:
+                rp = self.mems[b].read_port(transparent_for=())
+                m.d.comb += [rp.addr.eq(self.convw_rd.addr), rp.en.eq(ren), self.convw_rd.data[o].eq(rp.data)]
+                continue
+            par = Signal(name=f"convw{o}_par")               # the half that holds the line being read
+            with m.If(ren):
+                m.d.sync += par.eq(self.convw_rd.addr[0])
+            rps = [mem.read_port(transparent_for=()) for mem in self.halves[b]]
+            for rp in rps:
+                m.d.comb += [rp.addr.eq(self.convw_rd.addr[1:]), rp.en.eq(ren)]
+            m.d.comb += self.convw_rd.data[o].eq(Mux(par, rps[1].data, rps[0].data))
         # DWCONVW: MISC only; a frozen MISC reads nothing, so the port keeps its data (no hold register)
         rp = self.mems[p.dwconvw_bank].read_port(transparent_for=())
         m.d.comb += [rp.addr.eq(self.dw_rd.addr), rp.en.eq(self.dw_rd.en & go_misc), self.dw_rd.data.eq(rp.data)]

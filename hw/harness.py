@@ -164,7 +164,7 @@ def ddr_log2_for(nbytes: int) -> int:
 def testbench(p: HwParams, ddr_log2: int) -> str:
     """Verilog test bench `tb_top` for core `dpu_core` of `p` (one clock input)."""
     ports = core_ports(p)
-    W = p.width
+    RW = p.ddr_rd_bytes
     DWB = p.ddr_wr_bytes
     ib = p.idx_bits
     cb = p.cycle_bits
@@ -219,7 +219,7 @@ module tb_top(input wire clk);
   always @(posedge clk) begin
     if (ifetch__en) ifetch__data <= imem[ifetch__addr & IMEM_MASK];
     if (ddr_rd__en)
-      for (bi = 0; bi < {W}; bi = bi + 1) ddr_rd__data[8*bi +: 8] <= ddr[(ddr_rd__addr + bi) & DDR_MASK];
+      for (bi = 0; bi < {RW}; bi = bi + 1) ddr_rd__data[8*bi +: 8] <= ddr[(ddr_rd__addr + bi) & DDR_MASK];
 {"".join(wr_logic)}
   end
 

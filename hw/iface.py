@@ -42,6 +42,15 @@ def bank_write(p: HwParams) -> wiring.Signature:
                              "data": Out(8 * p.width)})
 
 
+def load_write(p: HwParams) -> wiring.Signature:
+    """LOAD's bank write: one line, plus with the wide weight path (p.weight_lines = 2) a second line `data2` at
+    `addr` + 1 of the same (CONVW) bank when `en2` is high."""
+    if p.weight_lines == 1:
+        return bank_write(p)
+    return wiring.Signature({"en": Out(1), "bank": Out(p.bank_id_bits), "addr": Out(p.addr_bits),
+                             "data": Out(8 * p.width), "en2": Out(1), "data2": Out(8 * p.width)})
+
+
 def line_read(p: HwParams) -> wiring.Signature:
     """Read one line of a fixed bank (DWCONVW or BIAS)."""
     return wiring.Signature({"en": Out(1), "addr": Out(p.addr_bits), "data": In(8 * p.width)})
@@ -54,8 +63,9 @@ def convw_read(p: HwParams) -> wiring.Signature:
 
 
 def ddr_read(p: HwParams) -> wiring.Signature:
-    """Read W bytes at any byte address (no alignment); `data` (byte i = address addr+i) the next cycle."""
-    return wiring.Signature({"en": Out(1), "addr": Out(p.ddr_addr_bits), "data": In(8 * p.width)})
+    """Read p.ddr_rd_bytes (W, or 2W with the wide weight path) at any byte address (no alignment); `data` (byte i
+    = address addr+i) the next cycle."""
+    return wiring.Signature({"en": Out(1), "addr": Out(p.ddr_addr_bits), "data": In(8 * p.ddr_rd_bytes)})
 
 
 def ddr_write(p: HwParams) -> wiring.Signature:

@@ -44,13 +44,15 @@ class LoadEngine(wiring.Component):
             "ctl": In(iface.engine_ctl(p)),
             "ddr_base": In(iface.ddr_bases(p)),
             "ddr_rd": Out(iface.ddr_read(p)),
-            "bank_wr": Out(iface.bank_write(p)),
+            "bank_wr": Out(iface.load_write(p)),
         })
 
     def elaborate(self, platform):
         p = self.p
         m = Module()
         W = p.width
+        WL = p.weight_lines                                 # lines per cycle into a CONVW bank (1 or 2)
+        RW = p.ddr_rd_bytes                                 # W * WL: bytes of one DDR read
         AB = p.addr_bits
         BP = p.t.ddr_bytes_per_cycle * p.t.ddr_ports       # bytes per cycle over all read channels
         C_DDR = p.t.load_setup + p.t.ddr_latency            # tail after the item loop
@@ -74,7 +76,8 @@ class LoadEngine(wiring.Component):
         rd_ptr = Signal(p.ddr_addr_bits)                    # DDR address of the current line
         item_line = Signal(AB)
         wr_line = Signal(AB)
-        off = Signal(range(ch_max + W + 1))                 # byte offset of the current line in the item
+        off = Signal(range(ch_max + RW + 1))                # byte offset of the current line in the item
+        dbl = Signal()                                      # two lines per cycle (wide weight path)
         bb = Signal(range(ch_max + BP + 1))                 # DDR bytes covered by the item's beats so far
         # per-item mask bounds: unmasked bytes are [lo, hi); b = max(0, hi - lo) bytes to read
         lo = Signal(len(f["pad_start"]))
@@ -139,34 +142,45 @@ class LoadEngine(wiring.Component):
         op = Signal()              # a line cycle: read one DDR line / write one bank line
         fin_l = Signal()
         fin_b = Signal()
+        step = Mux(dbl, 2 * W, W) if WL == 2 else W         # item bytes per loop cycle
         m.d.comb += [
             op.eq(busy & (off < ch)),
-            fin_l.eq(off + W >= ch),
+            fin_l.eq(off + step >= ch),
             fin_b.eq(bcast | (bb + BP >= b)),              # a broadcast reads no DDR: lines only
         ]
-        # byte mask of the current line: byte j is unmasked iff lo <= off + j < hi
+        # byte mask of the current line(s): byte j is unmasked iff lo <= off + j < hi
         rel_lo = Signal(signed(chw + 2))
         rel_hi = Signal(signed(chw + 2))
-        mask_a = Signal(W)
+        mask_a = Signal(RW)
         m.d.comb += [rel_lo.eq(lo - off), rel_hi.eq(hi - off),
-                     mask_a.eq(Cat(*((rel_lo <= j) & (rel_hi > j) for j in range(W))))]
+                     mask_a.eq(Cat(*((rel_lo <= j) & (rel_hi > j) for j in range(RW))))]
 
         # stage B: DDR data of the previous cycle's read
         v_b = Signal()
         line_b = Signal(AB)
-        mask_b = Signal(W)
+        mask_b = Signal(RW)
         m.d.sync += [v_b.eq(op & ~bcast), line_b.eq(wr_line), mask_b.eq(mask_a)]
+        rd_data = self.ddr_rd.data
 
         m.d.comb += [
-            self.ddr_rd.en.eq(op & ~bcast & mask_a.any()),
+            self.ddr_rd.en.eq(op & ~bcast & mask_a[:W].any()),
             self.ddr_rd.addr.eq(rd_ptr),
             self.bank_wr.bank.eq(bank),
             self.bank_wr.en.eq(Mux(bcast, op, v_b)),
             self.bank_wr.addr.eq(Mux(bcast, wr_line, line_b)),
             self.bank_wr.data.eq(Mux(bcast, cval.replicate(W) & _byte_mask(mask_a, W),
-                                     self.ddr_rd.data & _byte_mask(mask_b, W))),
+                                     rd_data[:8 * W] & _byte_mask(mask_b, W))),
             self.ctl.end.eq(tail == 1),
         ]
+        if WL == 2:
+            # the second line of a two-line cycle (line + 1 of the same CONVW bank), when the item has it
+            v2_b = Signal()
+            m.d.sync += v2_b.eq(op & dbl & (off + W < ch))
+            m.d.comb += [self.bank_wr.en2.eq(v2_b),
+                         self.bank_wr.data2.eq(rd_data[8 * W:] & _byte_mask(mask_b[W:], W))]
+            bid = f["bank_id"]
+            s_dbl = Signal()
+            m.d.comb += s_dbl.eq((bid >= p.convw_base) & (bid < p.dwconvw_bank) & (f["broadcast"] != 7) & ~s_aug)
 
         with m.If(self.ctl.start):
             m.d.sync += [
@@ -176,12 +190,12 @@ class LoadEngine(wiring.Component):
                 items.eq(f["length"]),
                 item_ptr.eq(s_base), rd_ptr.eq(s_base),
                 item_line.eq(f["bank_addr"]), wr_line.eq(f["bank_addr"]),
-                off.eq(0), bb.eq(0),
+                off.eq(0), bb.eq(0), dbl.eq(s_dbl if WL == 2 else 0),
                 lo.eq(s_lo), hi.eq(s_hi), b.eq(s_b), k.eq(s_k), zs.eq(s_zs), cw.eq(s_cw_sig),
             ]
         with m.Elif(busy):
             with m.If(op):
-                m.d.sync += [rd_ptr.eq(rd_ptr + W), wr_line.eq(wr_line + 1), off.eq(off + W)]
+                m.d.sync += [rd_ptr.eq(rd_ptr + step), wr_line.eq(wr_line + Mux(dbl, 2, 1)), off.eq(off + step)]
             with m.If(bb < b):
                 m.d.sync += bb.eq(bb + BP)
             with m.If(fin_l & fin_b):

@@ -98,6 +98,17 @@ class HwParams:
         return max(self.width, self.t.ddr_bytes_per_cycle)
 
     @property
+    def weight_lines(self) -> int:
+        """Lines per cycle a DDR LOAD writes into a CONVW bank (Timing.weight_load_lines; 2 splits each CONVW bank
+        into two memories by line parity)."""
+        return self.t.weight_load_lines
+
+    @property
+    def ddr_rd_bytes(self) -> int:
+        """Width in bytes of LOAD's DDR read: one bank line, or two with the wide weight path."""
+        return self.width * self.weight_lines
+
+    @property
     def t(self):
         """The timing parameters (isa.target.Timing)."""
         return self.target.timing

@@ -55,6 +55,7 @@ TIMING_BOUNDS = {
     "ddr_latency": (0, MAX_CYCLES),
     "ddr_bytes_per_cycle": (1, 1 << 20),
     "ddr_ports": (1, 64),
+    "weight_load_lines": (1, 2),
     "load_setup": (0, MAX_CYCLES),
     "save_setup": (0, MAX_CYCLES),
     "conv_latency": (0, MAX_CYCLES),
@@ -104,6 +105,9 @@ class Timing:
     ddr_latency: int = 60           # data ports: read latency to the first beat, and write-response latency
     ddr_bytes_per_cycle: int = 16   # per AXI data port and direction (128-bit HP port at the core clock)
     ddr_ports: int = 2              # AXI data ports (hp_id 0/1)
+    # Bank lines a DDR LOAD writes per cycle into a CONVW bank (1, or 2: each CONVW bank is two memories split by
+    # line parity, and LOAD reads 2 lines per cycle over both data ports); docs/microarchitecture.md §3.
+    weight_load_lines: int = 1
     load_setup: int = 4             # LOAD descriptor decode and address generation
     save_setup: int = 4
     conv_latency: int = 16          # CONV pipeline fill + drain (bank read, DSP cascade, bias/shift/act, write)
@@ -229,6 +233,14 @@ class Target:
 
     def is_img_bank(self, bank_id: int) -> bool:
         return 0 <= bank_id < self.num_img_banks
+
+    def load_lines_per_cycle(self, bank_id: int, channel: int, jump_read: int, broadcast: int) -> int:
+        """Bank lines one LOAD writes per loop cycle (docs/microarchitecture.md §3): timing.weight_load_lines into a
+        CONVW bank from DDR without channel augmentation (jump_read <= channel <= 64, spec §6.2), else 1."""
+        if (self.convw_base <= bank_id < self.dwconvw_bank and broadcast != 7
+                and not (jump_read <= channel <= 64)):
+            return self.timing.weight_load_lines
+        return 1
 
     def bank_group_of(self, bank_id: int) -> str:
         if 0 <= bank_id < self.num_img_banks:

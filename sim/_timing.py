@@ -28,8 +28,8 @@ INF = P.INF
 
 # timing parameter vector (filled from isa.target.Timing by sim/timing.py)
 (TM_FETCH_LAT, TM_FIFO, TM_QUEUE, TM_DDR_LAT, TM_DDR_BPC, TM_PORTS, TM_LD_SETUP, TM_SV_SETUP, TM_CONV_LAT,
- TM_ALU_LAT, TM_ELEW_LAT, TM_INIT, TM_END, TM_WATCHDOG) = range(14)
-NTM = 14
+ TM_ALU_LAT, TM_ELEW_LAT, TM_INIT, TM_END, TM_WATCHDOG, TM_WLINES) = range(15)
+NTM = 15
 assert (P.TM_DDR_BPC, P.TM_PORTS) == (TM_DDR_BPC, TM_PORTS)
 
 # status codes of `schedule`
@@ -48,6 +48,15 @@ def _cost_error(err, kind, i, o):
     err[0] = kind
     err[1] = i
     err[2] = o
+
+
+@njit(cache=True)
+def load_wide(f, tp, wl):
+    """Whether a (non-broadcast) LOAD writes `wl` > 1 lines per cycle: into a CONVW bank, without channel
+    augmentation (isa.target.Target.load_lines_per_cycle; such an item reads all `channel` bytes)."""
+    bank = f[K.LD_BANK_ID]
+    ch = f[K.LD_CHANNEL]
+    return wl > 1 and tp[K.T_CONVW] <= bank and bank < tp[K.T_DWCONVW] and not (f[K.LD_JR] <= ch and ch <= 64)
 
 
 @njit(cache=True)
@@ -77,6 +86,8 @@ def costs(op, fl, stop, tp, tm, cost, port, ddr_reg, ddr_rd, ddr_wr, err):
             if f[K.LD_BCAST] == 7:
                 cost[i] = tm[TM_LD_SETUP] + length * lines
             else:
+                if load_wide(f, tp, tm[TM_WLINES]):
+                    lines = _cdiv(lines, tm[TM_WLINES])
                 cyc, nb, _ = P.load_items(f, lines, w, bpc * ports)
                 cost[i] = tm[TM_LD_SETUP] + lat + cyc
                 ddr_reg[i] = f[K.LD_REG]

@@ -56,6 +56,7 @@ def timing_vector(target: Target) -> np.ndarray:
     v[T.TM_INIT] = tm.init_cycles
     v[T.TM_END] = tm.end_cycles
     v[T.TM_WATCHDOG] = tm.watchdog_cycles
+    v[T.TM_WLINES] = tm.weight_load_lines
     return v
 
 

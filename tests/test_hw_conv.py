@@ -162,7 +162,7 @@ def run_case(t: Target, prog, seed: int, name: str, gaps=None, ref_prog=None, pa
         u = pre.view(np.uint8).reshape(nb, D, W).astype(object)
         for b in range(nb):
             for line in range(D):
-                ctx.set(top.banks.mems[b].data[line], int(sum(int(u[b, line, i]) << (8 * i) for i in range(W))))
+                ctx.set(top.banks.line(b, line), int(sum(int(u[b, line, i]) << (8 * i) for i in range(W))))
         ctl = top.eng.ctl
         cyc = 0
         k = 0
@@ -187,7 +187,7 @@ def run_case(t: Target, prog, seed: int, name: str, gaps=None, ref_prog=None, pa
             cyc += 1
         for b in range(nb):
             for line in range(D):
-                v = ctx.get(top.banks.mems[b].data[line])
+                v = ctx.get(top.banks.line(b, line))
                 got[b, line * W:(line + 1) * W] = np.frombuffer(v.to_bytes(W, "little"), np.int8)
 
     run_sim(top, tb, name=name)
@@ -223,6 +223,15 @@ def test_conv_preset_shaped_pp4_cp8(seed):
     t = small(pp=4, cp=8, conv_latency=9, init_cycles=2)
     rng = np.random.default_rng(seed)
     run_case(t, rand_program(rng, t, 4, big=True), seed, f"conv_pp4_cp8_s{seed}")
+
+
+@pytest.mark.parametrize("seed", [31, 32])
+def test_conv_reads_split_weight_banks(seed):
+    """With the wide weight path each CONVW bank is two memories (even and odd lines); CONV reads every line
+    from its half (weight lines at any parity: random bank_addr_weights)."""
+    t = small(weight_load_lines=2)
+    rng = np.random.default_rng(seed)
+    run_case(t, rand_program(rng, t, 4), seed, f"conv_wide_s{seed}")
 
 
 def test_conv_odd_shape_pp3_cp5():

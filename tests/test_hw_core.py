@@ -66,6 +66,17 @@ def test_cosim_cli_random_bank_conflicts(capsys):
     assert out.count("bank-conflict mode") == 3 and "3 match" in out and "bank-stall engine-cycles" in out
 
 
+def test_random_programs_wide_weight_path():
+    """weight_load_lines 2 (the board profiles' weight path): DDR LOADs into CONVW write two lines per cycle into
+    the split CONVW memories; the RTL matches the cycle model (progen: about a fifth of its CONVW LOADs qualify)."""
+    t = B512.with_timing(weight_load_lines=2)
+    progs = _programs(t, range(4000, 4030))
+    wide = sum(1 for _, ins, _, _ in progs for x in ins if x.op == "LOAD" and t.load_lines_per_cycle(
+        x.fields["bank_id"], x.fields["channel"], x.fields["jump_read"], x.fields["broadcast"]) == 2)
+    assert wide >= 10
+    _assert_all_match(cosim_programs(t, progs))
+
+
 def test_random_programs_other_timing():
     """Non-default queue, FIFO, fetch, DDR and pipeline parameters reach the RTL from the Target."""
     t = SMALL.with_timing(queue_depth=2, fetch_fifo_words=8, fetch_latency=3, ddr_latency=9,

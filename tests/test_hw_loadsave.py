@@ -54,6 +54,10 @@ def cost_of(ins: Instruction, t: Target) -> int:
         lines = cdiv(f["channel"], W)
         if f["broadcast"] == 7:
             return tm.load_setup + f["length"] * lines
+        ch = f["channel"]
+        if (tm.weight_load_lines == 2 and t.convw_base <= f["bank_id"] < t.convw_base + t.ocp
+                and not f["jump_read"] <= ch <= 64):
+            lines = cdiv(lines, 2)                          # the wide weight path: two lines per cycle
         bp = tm.ddr_bytes_per_cycle * tm.ddr_ports
         return tm.load_setup + tm.ddr_latency + sum(max(cdiv(b, bp), lines) for b in load_unmasked(f, W))
     ch = f["channel"]
@@ -216,7 +220,7 @@ def run_case(t: Target, n_instr: int, seed: int, name: str, kinds=KINDS, small_v
     async def tb(ctx):
         for b in range(t.num_banks):
             for ln in range(depth):
-                ctx.set(banks.mems[b].data[ln], line_int(banks0[b].copy(), ln, W))
+                ctx.set(banks.line(b, ln), line_int(banks0[b].copy(), ln, W))
         for k in range(8):
             ctx.set(ld.ddr_base[k], bases[k])
             ctx.set(sv.ddr_base[k], bases[k])
@@ -270,12 +274,13 @@ def run_case(t: Target, n_instr: int, seed: int, name: str, kinds=KINDS, small_v
                         assert a < flat_size, f"SAVE writes past the DDR model at {a:#x}"
                         flat[a] = (w_data >> (8 * j)) & 0xFF
             cycle += 1
+            RW = p.ddr_rd_bytes
             if r_en:
-                raw = bytes(flat[r_addr:r_addr + W]) if r_addr < flat_size else b""
-                raw = raw + bytes(rng.integers(0, 256, W - len(raw)).astype(np.uint8))
+                raw = bytes(flat[r_addr:r_addr + RW]) if r_addr < flat_size else b""
+                raw = raw + bytes(rng.integers(0, 256, RW - len(raw)).astype(np.uint8))
                 ctx.set(ld.ddr_rd.data, int.from_bytes(raw, "little"))
             else:
-                ctx.set(ld.ddr_rd.data, rand_bits(8 * W))     # no read: the port holds garbage
+                ctx.set(ld.ddr_rd.data, rand_bits(8 * RW))    # no read: the port holds garbage
             assert cycle < 200_000
         # a few idle cycles: no stray end or writes
         for _ in range(3):
@@ -286,7 +291,7 @@ def run_case(t: Target, n_instr: int, seed: int, name: str, kinds=KINDS, small_v
         for b in range(t.num_banks):
             row = bytearray()
             for ln in range(depth):
-                row += ctx.get(banks.mems[b].data[ln]).to_bytes(W, "little")
+                row += ctx.get(banks.line(b, ln)).to_bytes(W, "little")
             got[b] = np.frombuffer(bytes(row), np.int8)
         result["banks"] = got
         result["cycles"] = cycle
@@ -349,6 +354,25 @@ def test_wide_ddr_odd_width():
     t = Target.parametric(2, 6, 1, bank_depth=64).with_timing(ddr_bytes_per_cycle=32, ddr_ports=3,
                                                                load_setup=7, save_setup=3, ddr_latency=9)
     run_case(t, 30, seed=5, name="loadsave_wide")
+
+
+def test_wide_weight_path():
+    """weight_load_lines 2: a DDR LOAD into a CONVW bank writes two lines per cycle (lines of an item at either
+    parity, odd line counts, bank wrap), through the split CONVW memories; augmentation and broadcast LOADs into
+    CONVW, and LOADs into the other banks, keep one line per cycle (hand cost, checked against the cycle model)."""
+    t = Target.parametric(2, 4, 2, bank_depth=64).with_timing(weight_load_lines=2, ddr_latency=5, load_setup=2)
+    fixed = [ins("LOAD", bank_id=t.convw_base, bank_addr=63, jump_write=3, jump_read=200, length=2, channel=21,
+                 reg_id=0, ddr_addr=3)]
+    # 21 bytes = 6 lines in 3 cycles per item (the first from line 63: the second line wraps to line 0)
+    assert cost_of(fixed[0], t) == 2 + 5 + 2 * 3
+    kinds = [("LOAD", "param"), ("LOAD", "param"), ("LOAD", "param"), ("LOAD", "aug"), ("LOAD", "plain"),
+             ("SAVE", "plain")]
+    instrs, _ = run_case(t, 40, seed=8, name="loadsave_wide_weights", kinds=kinds, fixed=fixed,
+                         reg_sizes={0: 400, 1: 300, 5: 300})
+    wide = [i for i in instrs if i.op == "LOAD" and
+            t.load_lines_per_cycle(i.fields["bank_id"], i.fields["channel"], i.fields["jump_read"],
+                                   i.fields["broadcast"]) == 2]
+    assert len(wide) >= 5 and any(cdiv(i.fields["channel"], 4) % 2 for i in wide)
 
 
 def test_width_one():

@@ -249,7 +249,7 @@ def run_rtl(t: Target, prog: list[Instruction], seed: int, name: str, gap_rng=No
             for ln in range(D):
                 v = int(sum(int(x) * wgt for x, wgt in zip(lines[b, ln], weights)))
                 if v:
-                    ctx.set(top.banks.mems[b].data[ln], v)
+                    ctx.set(top.banks.line(b, ln), v)
 
         async def tick(start=0):
             ctx.set(eng.ctl.start, start)
@@ -271,7 +271,7 @@ def run_rtl(t: Target, prog: list[Instruction], seed: int, name: str, gap_rng=No
         got = np.zeros((nb, D * W), np.uint8)
         for b in range(nb):
             for ln in range(D):
-                v = ctx.get(top.banks.mems[b].data[ln])
+                v = ctx.get(top.banks.line(b, ln))
                 got[b, ln * W:(ln + 1) * W] = [(v >> (8 * j)) & 0xFF for j in range(W)]
         run_rtl.got = got.view(np.int8)
 

@@ -102,7 +102,7 @@ def run(sched, seed=0, name="ports", extra=20):
         u8 = pre.view(np.uint8).reshape(nb, D, W)
         for b in range(nb):
             for ln in range(D):
-                ctx.set(top.banks.mems[b].data[ln], int.from_bytes(u8[b, ln].tobytes(), "little"))
+                ctx.set(top.banks.line(b, ln), int.from_bytes(u8[b, ln].tobytes(), "little"))
         for e in top.eng.values():
             for k in range(8):
                 if hasattr(e, "ddr_base"):
@@ -149,7 +149,7 @@ def run(sched, seed=0, name="ports", extra=20):
         assert all(r is None for r in running.values()) and not any(queues.values()), "instructions left"
         got["banks"] = np.zeros_like(pre)
         for b in range(nb):
-            row = b"".join(ctx.get(top.banks.mems[b].data[ln]).to_bytes(W, "little") for ln in range(D))
+            row = b"".join(ctx.get(top.banks.line(b, ln)).to_bytes(W, "little") for ln in range(D))
             got["banks"][b] = np.frombuffer(row, np.int8)
 
     run_sim(top, tb, name=name)
@@ -223,6 +223,14 @@ def test_structure_one_read_one_write_port_per_bank():
     for b, mem in enumerate(banks.mems):
         assert len(mem.read_ports) == 1, (b, len(mem.read_ports))
         assert len(mem.write_ports) == 1, (b, len(mem.write_ports))
+    # the wide weight path: each CONVW bank is two half-depth memories, each with one read and one write port
+    wide = BankArray(HwParams.of(T.with_timing(weight_load_lines=2)))
+    Fragment.get(wide, None)
+    convw = range(T.convw_base, T.convw_base + T.ocp)
+    assert [b for b, mem in enumerate(wide.mems) if mem is None] == list(convw) and sorted(wide.halves) == list(convw)
+    for b, hv in wide.halves.items():
+        for mem in hv:
+            assert mem.depth == T.bank_depth // 2 and len(mem.read_ports) == 1 and len(mem.write_ports) == 1, b
 
 
 def test_min_latency_covers_the_write_queue():

@@ -101,6 +101,32 @@ def test_load_augmented_masked_bytes():
     assert m.stats["load_bytes"] == {1: 35}
 
 
+def test_load_wide_weight_path_cost():
+    """weight_load_lines 2 (docs/microarchitecture.md §3): a DDR LOAD into a CONVW bank writes 2 lines per cycle."""
+    wide = T16.with_timing(weight_load_lines=2, ddr_bytes_per_cycle=16)
+    cw = T16.convw_base                                     # 16 (2 image groups of PP 8)
+    # 2 items of 100 bytes into CONVW: lines ceil(100/16) = 7, beats ceil(100/(16*2)) = 4.
+    # one line per cycle: 3 + 7 + 2*max(4, 7) = 24; two: ceil(7/2) = 4 -> 3 + 7 + 2*max(4, 4) = 18
+    x = mk("LOAD", bank_id=cw + 5, length=2, channel=100, jump_read=100, jump_write=7, reg_id=1)
+    assert time_one(x, L, T16.with_timing(ddr_bytes_per_cycle=16)).cost[0] == 24
+    assert time_one(x, L, wide).cost[0] == 18
+    # beats bound it when the DDR is narrower: 4 B per port -> ceil(100/8) = 13 per item either way
+    assert time_one(x, L, wide.with_timing(ddr_bytes_per_cycle=4)).cost[0] == 3 + 7 + 2 * 13
+    # not widened: an image bank, DWCONVW, BIAS (7 lines per item); channel augmentation into CONVW
+    # (jump_read 40 <= channel 50 <= 64: lines 4, beats 2 -> 4 per item); a broadcast (3 + 2*7)
+    for bank in (0, T16.dwconvw_bank, T16.bias_bank):
+        y = mk("LOAD", bank_id=bank, length=2, channel=100, jump_read=100, jump_write=7, reg_id=1)
+        assert time_one(y, L, wide).cost[0] == 24, bank
+    aug = mk("LOAD", bank_id=cw, length=2, channel=50, jump_read=40, jump_write=4, reg_id=1)
+    assert time_one(aug, L, wide).cost[0] == 3 + 7 + 2 * 4
+    bc = mk("LOAD", bank_id=cw, length=2, channel=100, jump_read=100, jump_write=7, broadcast=7)
+    assert time_one(bc, L, wide).cost[0] == 3 + 2 * 7
+    # the rule as the compiler reads it from the Target
+    assert [wide.load_lines_per_cycle(b, 100, 100, 0) for b in (0, cw, cw + 15, cw + 16)] == [1, 2, 2, 1]
+    assert (wide.load_lines_per_cycle(cw, 50, 40, 0), wide.load_lines_per_cycle(cw, 100, 100, 7)) == (1, 1)
+    assert T16.load_lines_per_cycle(cw, 100, 100, 0) == 1
+
+
 def test_load_broadcast_cost():
     # broadcast 7: no DDR access, no latency; lines ceil(20/16) = 2 per item: 3 + 5*2 = 13
     x = mk("LOAD", bank_id=0, length=5, channel=20, jump_read=20, jump_write=2, broadcast=7, const_value=3)
