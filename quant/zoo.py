@@ -14,9 +14,10 @@ from opendpu.quant.onnx_in import QuantError
 
 OPSET = 17
 NAMES = ("resnet18", "resnet50", "resnet50_caffe", "mobilenet_v1", "mobilenet_v2", "squeezenet", "inception_v1",
-         "tiny_yolo", "tiny_yolo_v2", "yolov3")
+         "tiny_yolo", "tiny_yolo_v2", "yolov2", "yolov3")
 DEFAULT_SIZE = {"resnet18": 224, "resnet50": 224, "resnet50_caffe": 224, "mobilenet_v1": 224, "mobilenet_v2": 224,
-                "squeezenet": 224, "inception_v1": 224, "tiny_yolo": 416, "tiny_yolo_v2": 416, "yolov3": 416}
+                "squeezenet": 224, "inception_v1": 224, "tiny_yolo": 416, "tiny_yolo_v2": 416, "yolov2": 416,
+                "yolov3": 416}
 DIGITS_ONNX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "digits_cnn.onnx")
 
 # Published compute and size of each model at its default input size. "macs" are multiply-accumulates
@@ -58,6 +59,13 @@ PUBLISHED: dict[str, dict] = {
                                "Tiny-YOLO (6.97 GOPs); params counted by hand from the cfg: conv weights "
                                "15,855,536 + BN 6,112 + detection bias 125",
                      "vitis_ai": "PG338 Tiny-YOLO 6.97G"},
+    "yolov2": {"macs": 17_450_000_000, "params": 67_137_565,
+               "source": "darknet yolo-voc.2.0.cfg (YOLOv2 VOC, first release: the passthrough reorgs the 512-channel "
+                         "map directly, no 1x1 64-channel conv): 34.90 BFLOPs at 416 (darknet counts 2*MACs); "
+                         "params counted by hand from the cfg: conv weights 67,116,896 + BN 20,544 + detection bias "
+                         "125. PG338's YOLO-V2 (82.5 GOPs) is this network at 640x640 (34.90 * (640/416)^2 = 82.6; "
+                         "the later yolo-voc.cfg / yolov2.cfg with the 64-channel conv fit 82.5 at no standard size)",
+               "vitis_ai": "PG338 YOLO-V2 82.5G"},
     "yolov3": {"macs": 32_930_000_000, "params": 61_949_149,
                "source": "darknet yolov3.cfg: 65.86 BFLOPs at 416 (2*MACs); 61,949,149 parameters (Ultralytics' "
                          "yolov3 summary); PG338's YOLO-V3 512x256 is this network at 256x512 (input_size=(256, 512))",
@@ -103,7 +111,8 @@ class _Builder:
 
     def conv(self, x, cin, cout, k, name, stride=1, pad=0, group=1, bias=False, gain=2.0, output=None):
         fan_in = cin // group * k * k
-        w = self.rng.standard_normal((cout, cin // group, k, k)) * math.sqrt(gain / fan_in)
+        w = self.rng.standard_normal((cout, cin // group, k, k))
+        w *= math.sqrt(gain / fan_in)               # in place: the same values without a second float64 copy
         ins = [x, self.init(name + ".weight", w)]
         if bias:
             ins.append(self.init(name + ".bias", self.rng.uniform(-0.1, 0.1, cout)))
@@ -344,6 +353,34 @@ def _tiny_yolo_v2(b: _Builder, x: str, ncls: int = 20):
     return ["output"]
 
 
+def _yolov2(b: _Builder, x: str, ncls: int = 20):
+    """darknet yolo-voc.2.0.cfg (YOLOv2 VOC, 5 anchors x (20 + 5)): a Darknet-19 backbone of 3x3 / 1x1 conv-BN-leaky
+    layers and five 2x2 max pools, two more 3x3 1024 convs, and the passthrough: the 1/16 map of layer 16 (26x26x512
+    at 416) reorganized to 1/32 (13x13x2048) and concatenated before layer 24's output (3072 channels), then a 3x3
+    1024 conv and the 1x1 detection conv. The reorg is ONNX SpaceToDepth (blocksize 2): the same tensor sizes and
+    the same work as darknet's reorg layer, whose reorg_cpu orders the channels differently (it reads the C x H x W
+    map as if it were C/4 x 2H x 2W), so the weights of a trained darknet model would need their 3072 input channels
+    of layer 28 permuted; timing and counts do not depend on that order."""
+    spec = [32, "M", 64, "M", 128, (64, 1), 128, "M", 256, (128, 1), 256, "M", 512, (256, 1), 512, (256, 1), 512,
+            "M", 1024, (512, 1), 1024, (512, 1), 1024, 1024, 1024]
+    cin, i, passthrough = 3, 0, ""
+    for layer in spec:
+        if layer == "M":
+            x = b.maxpool(x, f"layer{i}.maxpool", 2, 2)
+        else:
+            cout, k = layer if isinstance(layer, tuple) else (layer, 3)
+            x = b.conv_bn(x, cin, cout, k, f"layer{i}", act="leaky", gain=1.0 if i == 0 else 2.0)
+            cin = cout
+        if i == 16:
+            passthrough = x
+        i += 1
+    r = b.node("SpaceToDepth", [passthrough], "layer26.reorg", blocksize=2)   # layer 25 is "route -9" (= layer 16)
+    x = b.node("Concat", [r, x], "layer27.route", axis=1)
+    x = b.conv_bn(x, 4 * 512 + 1024, 1024, 3, "layer28", act="leaky")
+    b.conv(x, 1024, 5 * (ncls + 5), 1, "layer29.conv", bias=True, output="output")
+    return ["output"]
+
+
 def _yolov3(b: _Builder, x: str, ncls: int = 80):
     """darknet YOLOv3: the Darknet-53 backbone (residual blocks of a 1x1 halving and a 3x3 restoring conv) and three
     detection heads at 1/32, 1/16 and 1/8 of the input, joined by 1x1 convs, 2x nearest upsampling and concats."""
@@ -390,6 +427,7 @@ _BUILDERS = {
     "inception_v1": _inception_v1,
     "tiny_yolo": _tiny_yolo,
     "tiny_yolo_v2": _tiny_yolo_v2,
+    "yolov2": _yolov2,
     "yolov3": _yolov3,
 }
 
@@ -439,6 +477,12 @@ def build(name: str, input_size: "int | tuple[int, int] | None" = None, seed: in
         first = " ".join(str(e).split())[:160]
         raise QuantError(f"zoo model {name}: input size {size} does not fit the topology (its feature maps do not "
                          f"line up: {first}); use a multiple of 32") from None
+    for n in model.graph.node:                      # onnx infers floor(H / 2) where onnxruntime refuses to run
+        if n.op_type == "SpaceToDepth":
+            bs, (hh, ww) = helper.get_attribute_value(n.attribute[0]), shapes[n.input[0]][2:]
+            if hh % bs or ww % bs:
+                raise QuantError(f"zoo model {name}: input size {size} does not fit the topology ({n.name} reorganizes "
+                                 f"a {hh}x{ww} map by {bs}); use a multiple of 32")
     for o in model.graph.output:
         o.CopyFrom(helper.make_tensor_value_info(o.name, TensorProto.FLOAT, shapes[o.name]))
     return model
@@ -446,10 +490,22 @@ def build(name: str, input_size: "int | tuple[int, int] | None" = None, seed: in
 
 # -------------------------------------------------------------------------------------------------------- counting
 def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
-    """Static shapes of every tensor in the graph, via onnx shape inference (initializers included)."""
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    """Static shapes of every tensor in the graph, via onnx shape inference (initializers included). Inference
+    runs on a copy whose large initializers (weights) are graph inputs of their type and shape: the same shapes
+    without serializing the weights (hundreds of MB for the YOLOs) into the inference; small ones (Resize scales,
+    Clip bounds) keep their values, which inference may read."""
+    g = model.graph
+    named = {i.name for i in g.input}
+    big = [t for t in g.initializer if math.prod(t.dims) > 64]
+    light = helper.make_model(
+        helper.make_graph(g.node, g.name, list(g.input) + [helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+                                                            for t in big if t.name not in named],
+                          g.output, initializer=[t for t in g.initializer if math.prod(t.dims) <= 64],
+                          value_info=g.value_info),
+        opset_imports=model.opset_import, ir_version=model.ir_version)
+    inferred = onnx.shape_inference.infer_shapes(light, strict_mode=True)
     g = inferred.graph
-    out = {t.name: list(t.dims) for t in g.initializer}
+    out = {t.name: list(t.dims) for t in model.graph.initializer}
     for vi in list(g.input) + list(g.value_info) + list(g.output):
         if vi.type.tensor_type.HasField("shape"):
             dims = [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]

@@ -18,7 +18,7 @@ CLASSIFIERS = tuple(n for n in zoo.NAMES if "yolo" not in n)
 def _out_shapes(name, size):
     if name == "tiny_yolo":
         return [(1, 255, size // 32, size // 32), (1, 255, size // 16, size // 16)]
-    if name == "tiny_yolo_v2":
+    if name in ("tiny_yolo_v2", "yolov2"):
         return [(1, 125, size // 32, size // 32)]
     if name == "yolov3":
         return [(1, 255, size // d, size // d) for d in (32, 16, 8)]
@@ -56,7 +56,8 @@ def test_default_size_valid_and_matches_published(name):
 
 @pytest.mark.parametrize("name", zoo.NAMES)
 def test_small_sizes_run_in_onnxruntime(name):
-    for size in ((64, 96) if "yolo" in name else (32, 64)):
+    # yolov2 at one size: its 67 M weights make each onnxruntime session a few seconds
+    for size in ((64,) if name == "yolov2" else (64, 96) if "yolo" in name else (32, 64)):
         m = zoo.build(name, size)
         onnx.checker.check_model(m)
         x = np.random.default_rng(size).standard_normal((1, 3, size, size)).astype(np.float32)
@@ -94,6 +95,18 @@ def test_structure():
     # YOLOv3: 23 residual adds in Darknet-53 (1 + 2 + 8 + 8 + 4), 75 convs, 2 upsamples joined by concats
     y3 = _ops(m["yolov3"])
     assert y3.count("Add") == 23 and y3.count("Conv") == 75 and y3.count("Resize") == 2 and y3.count("Concat") == 2
+    # YOLOv2 (yolo-voc.2.0.cfg): 22 convs, 5 pools; layer 16's map reorganized (SpaceToDepth 2) and concatenated
+    # before layer 24's output: 4 * 512 + 1024 = 3072 channels into layer 28
+    y2 = m["yolov2"]
+    assert _ops(y2).count("Conv") == 22 and _ops(y2).count("MaxPool") == 5 and _ops(y2).count("LeakyRelu") == 21
+    (s2d,) = [nd for nd in y2.graph.node if nd.op_type == "SpaceToDepth"]
+    (cat,) = [nd for nd in y2.graph.node if nd.op_type == "Concat"]
+    assert s2d.input == ["layer16.leaky"] and helper.get_attribute_value(s2d.attribute[0]) == 2
+    assert cat.input == [s2d.output[0], "layer24.leaky"]
+    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+              for vi in onnx.shape_inference.infer_shapes(y2).graph.value_info}
+    assert shapes["layer16.leaky"] == [1, 512, 4, 4] and shapes[s2d.output[0]] == [1, 2048, 2, 2]
+    assert shapes[cat.output[0]] == [1, 3072, 2, 2]
     dw = [nd for nd in m["mobilenet_v1"].graph.node if nd.op_type == "Conv"
           and helper.get_attribute_value(next(a for a in nd.attribute if a.name == "group")) > 1]
     assert len(dw) == 13
@@ -211,3 +224,54 @@ def test_non_square_input():
     assert zoo.count(m)["gops"] == pytest.approx(65.864075264 * 256 * 512 / 416 ** 2, rel=1e-6)
     with pytest.raises(QuantError, match="give one size or a pair"):
         zoo.build("yolov3", (256, 512, 3))
+
+
+# darknet yolo-voc.2.0.cfg at 416: (output grid, Cin, Cout, k) of each conv, from the cfg's layer list
+YOLOV2_416 = [(416, 3, 32, 3), (208, 32, 64, 3), (104, 64, 128, 3), (104, 128, 64, 1), (104, 64, 128, 3),
+              (52, 128, 256, 3), (52, 256, 128, 1), (52, 128, 256, 3), (26, 256, 512, 3), (26, 512, 256, 1),
+              (26, 256, 512, 3), (26, 512, 256, 1), (26, 256, 512, 3), (13, 512, 1024, 3), (13, 1024, 512, 1),
+              (13, 512, 1024, 3), (13, 1024, 512, 1), (13, 512, 1024, 3), (13, 1024, 1024, 3), (13, 1024, 1024, 3),
+              (13, 3072, 1024, 3), (13, 1024, 125, 1)]
+
+
+def test_yolov2_is_pg338s_82_5_gops_at_640():
+    """darknet lists yolo-voc.2.0.cfg at 34.90 BFLOPs (2*MACs) at 416; the count scales with the pixels to 82.6 GOPs
+    at 640x640, PG338's YOLO-V2 (82.5)."""
+    hand = sum(s * s * cin * cout * k * k for s, cin, cout, k in YOLOV2_416)
+    assert hand == 17_449_063_424 and round(2 * hand / 1e9, 2) == 34.90
+    assert zoo.count(zoo.build("yolov2"))["macs"] == hand
+    c = zoo.count(zoo.build("yolov2", 640))
+    assert c["macs"] == hand * 640 ** 2 // 416 ** 2 and round(c["gops"], 1) == 82.6
+    assert abs(c["gops"] / 82.5 - 1) < 0.002
+    with pytest.raises(QuantError, match=r"layer26.reorg reorganizes a 7x7 map by 2\); use a multiple of 32"):
+        zoo.build("yolov2", 112)                  # 112 / 16 = 7: onnx infers 3x3, onnxruntime refuses to run
+
+
+def test_yolov2_reorg_stays_on_the_cpu():
+    """SpaceToDepth (the reorg) has no DPU form: the quantizer keeps it float on the CPU with a reason and the convs
+    before and after it on the DPU."""
+    from opendpu.quant.onnx_in import to_fgraph
+    from opendpu.quant.prepare import prepare
+    from opendpu.quant.quantize import QuantConfig
+
+    prep = prepare(to_fgraph(zoo.build("yolov2", 64), "yolov2"), QuantConfig())
+    cpu = [(n.name, n.reason) for n in prep.nodes if n.device == "CPU"]
+    assert cpu == [("layer26.reorg", "SpaceToDepth has no DPU form")]
+    assert prep.node("layer27.route").device == "DPU" and prep.node("layer28.conv").device == "DPU"
+
+
+@pytest.mark.slow
+def test_yolov2_quantizes_and_compiles_with_the_reorg_on_the_cpu():
+    """The whole flow at 64x64 (bench_calibration.py's: 4 random calibration images, B4096): two DPU subgraphs
+    around a CPU subgraph running the SpaceToDepth as an onnx-op, with its reason."""
+    from opendpu.compiler.pipeline import compile as compile_graph
+    from opendpu.compiler.xir.graph import Graph
+    from opendpu.quant.quantize import QuantConfig, quantize
+
+    x = np.random.default_rng(0).normal(0, 1, (4, 3, 64, 64)).astype(np.float32)
+    res = quantize(zoo.build("yolov2", 64), x, config=QuantConfig(method="maxmin"))
+    g = compile_graph(Graph.deserialize(res.xmodel().serialize()), "DPUCZDX8G_ISA1_B4096", name="yolov2").graph
+    assert [s.device for s in g.toposort_child_subgraphs()] == ["USER", "DPU", "CPU", "DPU"]
+    cpu = next(s for s in g.root.children if s.device == "CPU")
+    (op,) = [g.ops[n] for n in cpu.all_ops() if g.ops[n].type == "onnx-op"]
+    assert op.attrs["onnx_op_type"] == "SpaceToDepth" and op.attrs["cpu_reason"] == "SpaceToDepth has no DPU form"
