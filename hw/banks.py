@@ -10,7 +10,8 @@ same line in one cycle return the old line) and **one write port**, with the req
 them.
 
 * Not arbitrated (one user per port): the CONVW banks (read by CONV, written by LOAD), DWCONVW (read
-  by MISC, written by LOAD), the BIAS write port (LOAD).
+  by MISC, written by LOAD), the BIAS write port (LOAD). With the wide weight path (p.weight_lines = 2) each
+  CONVW bank is two memories, even and odd lines, so LOAD writes two consecutive lines in one cycle.
 * Arbitrated: the image-bank write ports (LOAD, CONV rows, MISC rows), the image-bank read ports
   (CONV rows, MISC rows, each SAVE unit) and the BIAS read port (CONV, MISC).
 

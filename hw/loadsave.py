@@ -14,6 +14,9 @@ Timeline of one instruction started in cycle s (sum = the item cycles of the cos
   A broadcast LOAD writes its line in the loop cycle itself (no DDR read).
   SAVE: read bank line `bank_addr + i*jump_read + l`; the next cycle forms the DDR beat (plain bytes,
   const bytes, or the running argmax of the item); the beat leaves through registers one cycle later.
+  With the wide weight path (Timing.weight_load_lines = 2), a DDR LOAD into a CONVW bank without channel
+  augmentation reads 2W bytes per line cycle and writes lines l and l + 1 (bank_wr.en2 / data2; the split
+  CONVW memories of hw/banks.py take both), so its item takes max(ceil(lines / 2), beats) cycles.
 * s+sum+1 .. s+cost: the tail (setup + L, or setup for a broadcast LOAD), `end` in its last cycle.
 
 Pipeline depth after the last loop cycle: LOAD 1 cycle (needs load_setup + L >= 2; a broadcast LOAD

@@ -21,7 +21,7 @@ FRAME_OVERHEAD_US = 1000
 # The DPU's own timing on silicon: DDR read latency and the CONV pipeline's fill and drain, fitted on UG1414's
 # vaitrace ResNet-50 table of a ZCU102 DPU (docs/calibration.md: the grid of benchmarks/bench_calibration.py). The same
 # DPUCZDX8G IP and PS DDR on every board, so one fit for all. Single-core rules the RTL implements from the Target.
-DPU_TIMING = {"ddr_latency": 30, "conv_latency": 128}
+DPU_TIMING = {"ddr_latency": 30, "conv_latency": 128, "weight_load_lines": 2}
 
 
 @dataclass(frozen=True)
