@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from .target import Target, TargetError, get_target
 
 # Share of the board's peak DDR bandwidth that the DPU cores' streams achieve together (DDR4 controller,
-# refresh, read/write turnaround). An assumption: no PG338 model is DDR-bound above 53 %, so the table cannot fix
-# it (docs/calibration.md).
-DDR_EFFICIENCY_PCT = 70
-# Host time per DPU run on the boards' Cortex-A53 (VART job submission, cache maintenance of the input and output
-# buffers, completion interrupt): fitted on PG338's fps table (docs/calibration.md, benchmarks/bench_calibration.py).
-FRAME_OVERHEAD_US = 1000
+# refresh, read/write turnaround, the cores' requests interleaving) and the host time per DPU run on the boards'
+# Cortex-A53 (VART job submission, cache maintenance of the input and output buffers, completion interrupt):
+# fitted together on PG338's fps table (runtime/calibration.fit_board; docs/calibration.md).
+DDR_EFFICIENCY_PCT = 48
+FRAME_OVERHEAD_US = 1500
 # The DPU's own timing on silicon: DDR read latency and the CONV pipeline's fill and drain, fitted on UG1414's
 # vaitrace ResNet-50 table of a ZCU102 DPU (docs/calibration.md: the grid of benchmarks/bench_calibration.py). The same
 # DPUCZDX8G IP and PS DDR on every board, so one fit for all. Single-core rules the RTL implements from the Target.

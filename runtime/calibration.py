@@ -4,8 +4,8 @@ UG1414's vaitrace text summary of ResNet-50 on a DPUCZDX8G (Figure 37) gives per
 StFM. `compare_resnet50` lines our profile of the zoo's Caffe ResNet-50 (`resnet50_caffe`) compiled for B4096 up
 with it row by row, `score` gives the acceptance figures and `best_overhead` fits the one per-row launch cost of
 vaitrace's fine-grained mode. `PG338_FPS` / `PG338_ZOO` are PG338's fps table and our model for each row, and
-`fit_frame_overhead` fits the host time per DPU run (sim/multicore.py) on it. benchmarks/bench_calibration.py
-prints all of it.
+`fit_board` fits the host time per DPU run and the DDR efficiency of the multi-core model (sim/multicore.py) on
+it. benchmarks/bench_calibration.py prints all of it.
 """
 from __future__ import annotations
 
@@ -264,12 +264,16 @@ PG338_ZOO: dict[str, tuple[str, tuple[int, int]] | None] = {
 }
 
 
-def fit_frame_overhead(points: list[tuple[int, int, int, float]], target, step_us: int = 50,
-                       max_us: int = 5000) -> int:
-    """The host overhead per DPU run (a multiple of `step_us`) whose fps (sim/multicore.py on `target`'s board
-    timing) is closest to the published fps: smallest mean |ln(fps / published)| over `points`, each
-    (DPU cycles per frame, DDR bytes per frame, DPU runs per frame, published fps)."""
-    def err(us: int) -> float:
-        t = target.with_timing(frame_overhead_us=us)
-        return sum(abs(math.log(throughput(c, b, t, runs=r).fps / f)) for c, b, r, f in points) / len(points)
-    return min(range(0, max_us + 1, step_us), key=lambda us: (err(us), us))
+def fit_board(points: list[tuple[int, int, int, float]], target, step_us: int = 50, max_us: int = 5000,
+              pcts: range = range(30, 101)) -> tuple[int, int]:
+    """The host overhead per DPU run (a multiple of `step_us`) and the DDR efficiency (%, in `pcts`) whose fps
+    (sim/multicore.py on `target`'s board timing) are closest to the published fps over `points`, each (DPU cycles
+    per frame, DDR bytes per frame, DPU runs per frame, published fps): the smallest largest |ln(fps / published)|
+    (the acceptance is per model), ties broken by the smallest mean |ln|, then by the smaller overhead and the
+    higher efficiency."""
+    def key(us: int, pct: int) -> tuple[float, float, int, int]:
+        t = target.with_timing(frame_overhead_us=us, ddr_efficiency_pct=pct)
+        e = [abs(math.log(throughput(c, b, t, runs=r).fps / f)) for c, b, r, f in points]
+        return (round(max(e), 12), round(sum(e) / len(e), 12), us, -pct)
+    best = min(key(us, pct) for us in range(0, max_us + 1, step_us) for pct in pcts)
+    return best[2], -best[3]

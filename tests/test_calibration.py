@@ -109,11 +109,18 @@ def test_throughput_by_hand():
     assert math.isinf(throughput(1000, 10 ** 9, get_target("DPUCZDX8G_ISA1_B512")).fps_ddr)
 
 
-def test_fit_frame_overhead_by_hand():
-    """Four points made with a 700 us host overhead (3 cores, 300 MHz, no DDR limit) give back 700."""
-    t = get_target("DPUCZDX8G_ISA1_B4096").with_timing(clock_mhz=300.0, cores=3)
-    pts = [(c, 1, 1, 3 / (c / 300e6 + 700e-6)) for c in (600_000, 1_800_000, 3_600_000, 5_400_000)]
-    assert cal.fit_frame_overhead(pts, t) == 700
+def test_fit_board_by_hand():
+    """Points made with a 700 us host overhead and 60 % of a 10,000 MB/s DDR (3 cores, 300 MHz) give back both:
+    three compute-bound points fix the overhead, one DDR-bound point (6,000 MB/s / 40 MB = 150 fps, where its
+    compute bound would be 3 / 2.7 ms = 1,111 fps) fixes the efficiency."""
+    t = get_target("DPUCZDX8G_ISA1_B4096").with_timing(clock_mhz=300.0, cores=3, board_ddr_mbps=10_000)
+    pts = [(c, 1, 1, 3 / (c / 300e6 + 700e-6)) for c in (600_000, 1_800_000, 3_600_000)]
+    pts.append((600_000, 40_000_000, 1, 150.0))
+    assert cal.fit_board(pts, t) == (700, 60)
+    # without a DDR-bound point every efficiency fits equally: the highest is taken
+    assert cal.fit_board(pts[:3], t) == (700, 100)
+    # two DPU runs per frame pay the overhead twice
+    assert cal.fit_board([(c, 1, 2, 3 / (c / 300e6 + 1400e-6)) for c in (600_000, 3_600_000)], t) == (700, 100)
 
 
 # ---- opendpu profile --board / --roofline / --compare ---------------------------------------------------------
@@ -141,12 +148,12 @@ def test_profile_board_roofline_and_side_by_side(tmp_path, capsys):
     assert main(["profile", str(ours), "--board", "zcu102", "--roofline", str(roof), "--compare", amd,
                  "--compare-csv", str(side)]) == 0
     out = capsys.readouterr().out
-    # the board line: 3 cores at 281 MHz with the board's calibrated DPU timing; fps = 3 / (cycles / 281 MHz + 1 ms
+    # the board line: 3 cores at 281 MHz with the board's calibrated DPU timing; fps = 3 / (cycles / 281 MHz + 1.5 ms
     # host) (MNIST is far from the DDR roof)
     from opendpu.isa.boards import DPU_TIMING
     board_timing = {"clock_mhz": 281.0, **DPU_TIMING}
     prof = profile_graph(Graph.load(str(ours)), timing=board_timing)
-    fps = 3 / (prof.total_cycles / 281e6 + 1e-3)
+    fps = 3 / (prof.total_cycles / 281e6 + 1.5e-3)
     assert "board zcu102: 3 core(s) at 281 MHz" in out and f"{fps:.1f} fps (compute-bound" in out
     assert roof.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = list(csv.DictReader(side.open()))
