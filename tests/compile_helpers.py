@@ -31,7 +31,11 @@ PARAMETRIC = {"PP2": (2, 4, 512), "PP8": (8, 32, 4096)}          # (pp, cp, bank
 
 def target(key: str) -> Target:
     """A preset (full or short name, e.g. "B512") or one of the two parametric targets "PP2" (PP2/CP4, 512 lines)
-    and "PP8" (PP8/CP32, 4096 lines), which have no fingerprint."""
+    and "PP8" (PP8/CP32, 4096 lines), which have no fingerprint. A "_BOARD" suffix adds the boards' calibrated DPU
+    timing (isa/boards.py DPU_TIMING: DDR and CONV latency, the wide weight path)."""
+    if key.endswith("_BOARD"):
+        from opendpu.isa.boards import DPU_TIMING
+        return target(key[:-len("_BOARD")]).with_timing(**DPU_TIMING)
     if key in PARAMETRIC:
         pp, cp, depth = PARAMETRIC[key]
         return Target.parametric(pp, cp, bank_depth=depth)

@@ -601,3 +601,31 @@ def test_double_buffered_weights_and_kept_input(target, one_strip, monkeypatch):
         loaded = sum(x.fields["length"] * x.fields["channel"] for x in _layer_ins(p, conv)
                      if x.op == "LOAD" and x.fields["bank_id"] in img)
         assert (loaded == 6 * 6 * 64) == one_strip
+
+
+# ---- the wide weight path (Timing.weight_load_lines = 2) --------------------------------------------------------
+@pytest.mark.parametrize("target", ["B512", "B4096", "PP2_CP4_D512"])
+def test_wide_weight_path(graphs, target):
+    """With two weight lines per cycle (the board profiles), programs stay exact and race-free; the small-IC
+    weights (IC <= 64, whole lines) are LOADed as long items, which the wide path takes at two lines per cycle
+    (an augmentation-shaped item of IC <= 64 bytes would keep one line); the program is faster than the same
+    graph compiled and timed with one line per cycle."""
+    from opendpu.runtime.costmodel import cycle_model
+    g, shape = graphs["strips"]
+    t1 = TARGETS[target]()
+    t2 = t1.with_timing(weight_load_lines=2)
+    p1, p2 = _compile(g, t1, cycles=cycle_model), _compile(g, t2, cycles=cycle_model)
+    _check_exact(g, shape, p2, t2)
+    convw = range(t2.convw_base, t2.convw_base + t2.cp)
+    wl = [x.fields for x in p2.instructions if x.op == "LOAD" and x.fields["bank_id"] in convw]
+    wide = [f for f in wl if t2.load_lines_per_cycle(f["bank_id"], f["channel"], f["jump_read"], f["broadcast"]) == 2]
+    # the 16- and 32-channel convs' weights of one CONVW bank are one long item (on the wide path), or one item of
+    # at most 64 bytes where that is all the bank gets (the 1x1 16 -> 16 conv); the one-line program LOADs items of
+    # IC bytes
+    assert len(wide) >= len(wl) // 2
+    assert all(f["length"] == 1 and f["channel"] > 64 for f in wide)
+    assert all(f["length"] == 1 and f["channel"] <= 64 for f in wl if f not in wide)
+    assert any(x.fields["channel"] in (16, 32) for x in p1.instructions
+               if x.op == "LOAD" and x.fields["bank_id"] in convw)
+    assert _cycles(p2) < _cycles(p1)
+    assert int(simulate(p2.instructions, t1).total_cycles) > _cycles(p2)     # the same program, one line per cycle

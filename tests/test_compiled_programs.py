@@ -147,7 +147,7 @@ def _cosim(name: str, size: int | None, key: str, inputs: list[np.ndarray]):
     return reps
 
 
-@pytest.mark.parametrize("key", ["B512", "PP2"])
+@pytest.mark.parametrize("key", ["B512", "PP2", "B512_BOARD"])
 def test_cosim_digits(key):
     g = compiled("digits", None, key).graph
     reps = _cosim("digits", None, key, digits_inputs(g, 4))
@@ -155,9 +155,10 @@ def test_cosim_digits(key):
 
 
 @pytest.mark.slow
-def test_cosim_mobilenet_v2_64_b1024():
-    g = compiled("mobilenet_v2", 64, "B1024").graph
-    reps = _cosim("mobilenet_v2", 64, "B1024", graph_inputs(g, 2))
+@pytest.mark.parametrize("key", ["B1024", "B1024_BOARD"])
+def test_cosim_mobilenet_v2_64_b1024(key):
+    g = compiled("mobilenet_v2", 64, key).graph
+    reps = _cosim("mobilenet_v2", 64, key, graph_inputs(g, 2))
     assert sum(r.instructions for r in reps) > 2000
 
 
