@@ -1,7 +1,8 @@
 """Board profiles: the DPU configuration of a board's reference design (arch, cores, clock) and its DDR.
 
 `--board NAME` sets `Target.timing` clock_mhz, cores, board_ddr_mbps, ddr_efficiency_pct and frame_overhead_us, and
-the DPU timing fitted on silicon, ddr_latency and conv_latency (docs/calibration.md gives the sources and the fits).
+the DPU timing calibrated on silicon: ddr_latency and conv_latency (fitted) and weight_load_lines (the wide weight
+path); docs/calibration.md gives the sources and the fits.
 A board names an arch preset; a compiled model must have that array size (PP, CP, ALU_PP), whatever its other
 options.
 """
@@ -18,8 +19,9 @@ from .target import Target, TargetError, get_target
 DDR_EFFICIENCY_PCT = 48
 FRAME_OVERHEAD_US = 1500
 # The DPU's own timing on silicon: DDR read latency and the CONV pipeline's fill and drain, fitted on UG1414's
-# vaitrace ResNet-50 table of a ZCU102 DPU (docs/calibration.md: the grid of benchmarks/bench_calibration.py). The same
-# DPUCZDX8G IP and PS DDR on every board, so one fit for all. Single-core rules the RTL implements from the Target.
+# vaitrace ResNet-50 table of a ZCU102 DPU (docs/calibration.md: the grid of benchmarks/bench_calibration.py), and
+# weight LOADs of two CONVW lines per cycle (UG1414's stage-5 rows need more than one). The same DPUCZDX8G IP and PS
+# DDR on every board, so one fit for all. Single-core rules the RTL implements from the Target.
 DPU_TIMING = {"ddr_latency": 30, "conv_latency": 128, "weight_load_lines": 2}
 
 
