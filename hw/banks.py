@@ -301,16 +301,17 @@ class BankArray(wiring.Component):
                                  wp.addr.eq(Mux(first, lw.addr[1:], a2[1:])),
                                  wp.data.eq(Mux(first, lw.data, lw.data2))]
         # CONVW: CONV only; a frozen CONV reads nothing, so the ports keep their data (no hold register)
+        ren = self.convw_rd.en & go_conv
+        par = Signal(name="convw_par")                     # split banks: the half that holds the line being read
+        if self.wide:
+            with m.If(ren):
+                m.d.sync += par.eq(self.convw_rd.addr[0])
         for o in range(p.ocp):
             b = p.convw_base + o
-            ren = self.convw_rd.en & go_conv
             if b not in self.halves:
                 rp = self.mems[b].read_port(transparent_for=())
                 m.d.comb += [rp.addr.eq(self.convw_rd.addr), rp.en.eq(ren), self.convw_rd.data[o].eq(rp.data)]
                 continue
-            par = Signal(name=f"convw{o}_par")               # the half that holds the line being read
-            with m.If(ren):
-                m.d.sync += par.eq(self.convw_rd.addr[0])
             rps = [mem.read_port(transparent_for=()) for mem in self.halves[b]]
             for rp in rps:
                 m.d.comb += [rp.addr.eq(self.convw_rd.addr[1:]), rp.en.eq(ren)]

@@ -128,6 +128,9 @@ class HwParams:
                               f"the RTL cannot match the cycle model (use {k} >= {v})")
         if t.bank_depth & (t.bank_depth - 1):
             raise HwError(f"bank_depth {t.bank_depth} must be a power of two for the RTL")
+        if t.timing.weight_load_lines == 2 and t.bank_depth < 2:
+            raise HwError(f"timing weight_load_lines 2 splits each CONVW bank into even and odd lines: bank_depth "
+                          f"{t.bank_depth} must be >= 2")
         if t.timing.fetch_fifo_words > 256:
             raise HwError(f"fetch_fifo_words {t.timing.fetch_fifo_words} > 256 is not supported by the RTL")
         if t.timing.queue_depth > 64:

@@ -31,7 +31,7 @@ import numpy as np
 
 from .fields import FIELDS, OPS
 from .program import Instruction, IsaError, ProgramArrays
-from .target import Target
+from .target import Target, load_augmented
 
 
 class FootprintError(IsaError):
@@ -189,7 +189,7 @@ def _load(f: Mapping[str, int], t: Target) -> Footprint:
     if f["broadcast"] == 7:                       # constant fill: no DDR read
         return Footprint(NOTHING, writes)
     reg, addr = f["reg_id"], f["ddr_addr"]
-    if not (jr <= ch <= 64):                      # no channel augmentation: every byte is read
+    if not load_augmented(ch, jr):                # no channel augmentation: every byte is read
         return Footprint(Access((), (Bytes(reg, addr, length, jr, ch),)), writes)
     # channel augmentation (spec §6.2): items before `nhead` lose leading bytes, items from first_end on
     # lose trailing bytes; the items between are whole.

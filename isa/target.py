@@ -70,6 +70,11 @@ TIMING_BOUNDS = {
 }
 
 
+def load_augmented(channel: int, jump_read: int) -> bool:
+    """A LOAD in channel-augmentation mode (spec §6.2): jump_read <= channel <= 64; its pad fields mask bytes."""
+    return jump_read <= channel <= 64
+
+
 ARCH_JSON_KEYS = ("target", "fingerprint", "timing")
 ARCH_JSON_MAX_BYTES = 1 << 20
 
@@ -236,9 +241,9 @@ class Target:
 
     def load_lines_per_cycle(self, bank_id: int, channel: int, jump_read: int, broadcast: int) -> int:
         """Bank lines one LOAD writes per loop cycle (docs/microarchitecture.md §3): timing.weight_load_lines into a
-        CONVW bank from DDR without channel augmentation (jump_read <= channel <= 64, spec §6.2), else 1."""
+        CONVW bank from DDR without channel augmentation (spec §6.2), else 1."""
         if (self.convw_base <= bank_id < self.dwconvw_bank and broadcast != 7
-                and not (jump_read <= channel <= 64)):
+                and not load_augmented(channel, jump_read)):
             return self.timing.weight_load_lines
         return 1
 

@@ -56,7 +56,7 @@ def cost_of(ins: Instruction, t: Target) -> int:
             return tm.load_setup + f["length"] * lines
         ch = f["channel"]
         if (tm.weight_load_lines == 2 and t.convw_base <= f["bank_id"] < t.convw_base + t.ocp
-                and not f["jump_read"] <= ch <= 64):
+                and not f["jump_read"] <= ch <= 64):     # (spec §6.2 augmentation, written out by hand here)
             lines = cdiv(lines, 2)                          # the wide weight path: two lines per cycle
         bp = tm.ddr_bytes_per_cycle * tm.ddr_ports
         return tm.load_setup + tm.ddr_latency + sum(max(cdiv(b, bp), lines) for b in load_unmasked(f, W))
@@ -408,6 +408,15 @@ def test_refuses_unrealisable_timing():
         HwParams.of(T_SMALL.with_timing(load_setup=0))
     with pytest.raises(HwError, match="ddr_latency"):
         HwParams.of(T_SMALL.with_timing(ddr_latency=2))
+    with pytest.raises(HwError, match="weight_load_lines 2 .* bank_depth 1 must be >= 2"):
+        HwParams.of(Target.parametric(1, 1, 1, bank_depth=1).with_timing(weight_load_lines=2))
+
+
+def test_weight_load_lines_out_of_range_is_a_clear_error():
+    from opendpu.isa.target import TargetError
+    for v in (0, 3):
+        with pytest.raises(TargetError, match=f"timing weight_load_lines must be >= 1 and <= 2; {v} is out of range"):
+            T_SMALL.with_timing(weight_load_lines=v)
 
 
 @pytest.mark.parametrize("preset", ["DPUCZDX8G_ISA1_B512", "DPUCZDX8G_ISA1_B4096"])
