@@ -1816,6 +1816,18 @@ def _classify(graph: Graph, op: Op, t: Target) -> str:
         if abs(_fp(op) - _fp(graph.ops[_data_inputs(op)[0]])) > 15:
             raise CodegenError(f"op {op.name!r}: fix point change too large")
         return "upsample"
+    if typ == "tile-fix":
+        xi = [int(v) for v in _t(graph.ops[_data_inputs(op)[0]]).shape]
+        yi = [int(v) for v in _t(op).shape]
+        s, rev = int(op.get("stride", 0) or 0), bool(op.get("reverse", False))
+        ok = s >= 1 and len(xi) == len(yi) == 4 and xi[0] == yi[0] == 1 and (
+            xi[3] % (s * s) == 0 and yi == [1, xi[1] * s, xi[2] * s, xi[3] // (s * s)] if rev else
+            xi[1] % s == 0 and xi[2] % s == 0 and yi == [1, xi[1] // s, xi[2] // s, xi[3] * s * s])
+        if not ok:
+            raise CodegenError(f"op {op.name!r}: tile stride {op.get('stride')} reverse {rev} from {xi} to {yi}")
+        if abs(_fp(op) - _fp(graph.ops[_data_inputs(op)[0]])) > 15:
+            raise CodegenError(f"op {op.name!r}: fix point change too large")
+        return "tile"
     if typ == "hard-sigmoid-fix":
         fin, fout = _fp(graph.ops[_data_inputs(op)[0]]), _fp(op)
         try:
@@ -1973,7 +1985,7 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
         for i in _data_inputs(graph.ops[n]):
             io = graph.ops[i]
             ok = (i in ops and kinds.get(i) in ("conv", "tconv", "dwconv", "pool", "elew", "leaky", "prelu", "relu6",
-                                                        "hsigmoid", "upsample")
+                                                        "hsigmoid", "upsample", "tile")
                   and i not in out_set and i not in member_of and _fp(io) == _fp(graph.ops[n])
                   and all(kinds.get(cn) != "alias" for cn in graph.consumers(i)))
             if ok:
@@ -2323,6 +2335,26 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
         views = [FMap(out.reg, out.at(dy, dx), x.h, x.w, out.c, out.pix * sw, out.row * sh, out.fp)
                  for dy in range(sh) for dx in range(sw)]
         _copy(c, op.name, x, views)
+        return
+    if kind == "tile":
+        # §7.9 tile-fix: s² copies, each between a strided view (every s-th pixel and row, from (dy, dx)) and a
+        # block of C channels at offset (dy·s + dx)·C; LOAD and SAVE addressing only
+        x = ins[0]
+        s = int(op.get("stride"))
+        if x.fp != out.fp:
+            tmp = c.temp(x.h, x.w, x.c, out.fp)
+            _elew(c, ElewJob(f"{op.name}[rescale]", [x], tmp, [0], elew_shift_write(out.fp - x.fp), 0, 0))
+            x = tmp
+        for dy in range(s):
+            for dx in range(s):
+                if bool(op.get("reverse", False)):              # depth-to-space: channel block -> pixel (dy, dx)
+                    src = FMap(x.reg, x.at(0, 0, (dy * s + dx) * out.c), x.h, x.w, out.c, x.pix, x.row, x.fp)
+                    dst = FMap(out.reg, out.at(dy, dx), x.h, x.w, out.c, out.pix * s, out.row * s, out.fp)
+                else:                                           # space-to-depth: pixel (dy, dx) -> channel block
+                    src = FMap(x.reg, x.at(dy, dx), out.h, out.w, x.c, x.pix * s, x.row * s, x.fp)
+                    dst = FMap(out.reg, out.at(0, 0, (dy * s + dx) * x.c), out.h, out.w, x.c, out.pix, out.row,
+                               out.fp)
+                _copy(c, op.name, src, [dst])
         return
     if kind == "relu6":
         x = ins[0]

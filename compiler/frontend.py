@@ -2,8 +2,9 @@
 
 The canonical form is what our quantizer writes (`opendpu quantize` -> `<net>_int.xmodel`, quant/xir_out.py):
 `data-fix`, `const-fix` (int8 `data` bytes, tensor `fix_point`), `conv2d-fix`, `depthwise-conv2d-fix`,
-`transposed-conv2d-fix`, `pool-fix`, `eltwise-fix`, `concat-fix`, `upsample-fix`, `hard-sigmoid-fix`, `reshape-fix`,
-and float CPU ops fed through `fix2float` / `float2fix`; NHWC tensors, root subgraph only.
+`transposed-conv2d-fix`, `pool-fix`, `eltwise-fix`, `concat-fix`, `upsample-fix`, `tile-fix`,
+`hard-sigmoid-fix`, `reshape-fix`, `strided_slice-fix`, and float CPU ops fed through `fix2float` / `float2fix`;
+NHWC tensors, root subgraph only.
 
 Three forms are read (`detect_form`):
 
@@ -62,7 +63,7 @@ FLOAT = DATA_TYPE_CODES["FLOAT"]
 CONV_FIX = ("conv2d-fix", "depthwise-conv2d-fix", "transposed-conv2d-fix")
 # the quantized ops of the canonical form (their outputs are int8 fixed-point tensors)
 FIX_OPS = frozenset({"data-fix", "const-fix", *CONV_FIX, "pool-fix", "eltwise-fix", "concat-fix", "upsample-fix",
-                     "hard-sigmoid-fix", "reshape-fix", "strided_slice-fix", "float2fix"})
+                     "hard-sigmoid-fix", "reshape-fix", "strided_slice-fix", "tile-fix", "float2fix"})
 NONLINEARS = ("NONE", "RELU", "RELU6", "LEAKYRELU", "PRELU")        # what the golden and the DPU know
 ELTWISE_TYPES = ("ADD", "MUL", "LEAKY-RELU", "PRELU")
 HSIGMOID_OUT_FP = 7          # hard-sigmoid output in [0, 1]: fix point 7, as the quantizer (quant.quantize)
@@ -75,7 +76,8 @@ VAI_Q_ACTS = ("relu", "relu6", "leaky-relu")
 VAI_Q_RESHAPES = ("reshape", "flatten", "squeeze")
 # op types the front end would fuse: an op of these types marked device "CPU" stays float (and loses the mark)
 FUSABLE_TYPES = frozenset({*VAI_Q_CONV, *VAI_Q_POOL, *VAI_Q_ACTS, *VAI_Q_RESHAPES, "matmul", "add", "mul", "concat",
-                           "upsample", "resize", "hard-sigmoid", "hard-swish", "transpose", "pad", "fix"})
+                           "upsample", "resize", "reorg", "hard-sigmoid", "hard-swish", "transpose", "pad",
+                           "fix"})
 
 # attributes a compiled xmodel adds that the canonical graph must not carry (the compiler decides them again)
 COMPILED_OP_ATTRS = ("workload", "workload_on_arch", "channel_augmentation")
@@ -508,7 +510,8 @@ class _FromVaiQ:
             return self.float_op(op)
         h = {"data": self.k_data, "const": self.k_const, "fix": self.k_fix, "matmul": self.k_matmul,
              "add": self.k_eltwise, "mul": self.k_eltwise, "concat": self.k_concat, "upsample": self.k_upsample,
-             "resize": self.k_upsample, "hard-sigmoid": self.k_hsigmoid, "hard-swish": self.k_hswish}.get(t)
+             "resize": self.k_upsample, "reorg": self.k_reorg, "hard-sigmoid": self.k_hsigmoid,
+             "hard-swish": self.k_hswish}.get(t)
         if h is None:
             if t in VAI_Q_CONV:
                 h = self.k_conv
@@ -745,6 +748,18 @@ class _FromVaiQ:
             a = Attrs([("mode", "NEAREST"), ("scale", [ow / iw, oh / ih]), ("align_corners", False),
                        ("half_pixel_centers", False)])
         self.emit(op.name, "upsample-fix", {"input": x}, a, self.out_tensor(op, chain, x[0]))
+        self.finish(op, chain, op.name)
+
+    def k_reorg(self, op: Op) -> None:
+        """reorg (attrs scale, reverse; tile-fix's channel order, docs/decisions.md) -> tile-fix (stride, reverse)."""
+        x = self.fixed_in(op)
+        chain = self.fix_chain(op, acts=False)
+        s, rev = op.attrs.get("scale", op.attrs.get("stride")), op.attrs.get("reverse", False)
+        if x is None or not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 1 \
+                or not isinstance(rev, (bool, np.bool_)) or len(_t(op).shape) != 4:
+            return self.float_op(op)
+        self.emit(op.name, "tile-fix", {"input": x}, Attrs([("stride", int(s)), ("reverse", bool(rev))]),
+                  self.out_tensor(op, chain, x[0]))
         self.finish(op, chain, op.name)
 
     def k_hsigmoid(self, op: Op) -> None:
@@ -1109,6 +1124,24 @@ class _Check:
         if got + xs[len(got):] != ys:
             raise self.err(op, f"slicing {xs} by begin {begin}, end {end}, strides {strides} gives {got}, "
                                f"not the output shape {ys}")
+
+    def k_tile_fix(self, op: Op, ins: list[Op]) -> None:
+        (x,) = self.producers(op, "input", 1, 1)
+        self.fixed_input(op, x)
+        s = self.int_attr(op, "stride")
+        assert s is not None
+        rev = op.attrs.get("reverse", False)
+        if s < 1:
+            raise self.err(op, f"attribute stride = {s} is not a positive integer")
+        if not isinstance(rev, (bool, np.bool_)):
+            raise self.err(op, f"attribute reverse = {_short(rev)} is not a boolean")
+        xs, ys = [int(v) for v in _t(x).shape], [int(v) for v in _t(op).shape]
+        ok = len(xs) == 4 and len(ys) == 4 and xs[0] == ys[0] and (
+            xs[3] % (s * s) == 0 and ys == [xs[0], xs[1] * s, xs[2] * s, xs[3] // (s * s)] if rev else
+            xs[1] % s == 0 and xs[2] % s == 0 and ys == [xs[0], xs[1] // s, xs[2] // s, xs[3] * s * s])
+        if not ok:
+            raise self.err(op, f"{'depth-to-space' if rev else 'space-to-depth'} by stride {s} cannot turn "
+                               f"{xs} into {ys}")
 
     def k_float2fix(self, op: Op, ins: list[Op]) -> None:
         if len(ins) != 1 or _t(ins[0]).is_fixed:

@@ -778,9 +778,9 @@ def _upsample(op: OpDesc, t: Target) -> Placement:
 
 def _tile(op: OpDesc, t: Target) -> Placement:
     try:
-        s = int(op.attrs.get("stride", 1))
+        s = int(op.attrs.get("stride", op.attrs.get("scale", 1)))          # tile-fix stride, reorg scale
     except (TypeError, ValueError):
-        raise _Cpu(f"tile stride {op.attrs.get('stride')!r} is not an integer") from None
+        raise _Cpu(f"tile stride {op.attrs.get('stride', op.attrs.get('scale'))!r} is not an integer") from None
     _need(s >= 1, f"tile stride {s} < 1")
     rev = _bool(op.attrs.get("reverse", False))
     x = _nhwc(_in(op))

@@ -222,6 +222,10 @@ class _Emitter:
             sc = self.const(np.array([1, 1, sh, sw], np.float32), n.name + ".scales")
             return self.node("Resize", [ins[0], "", sc], raw, name=n.name, mode="nearest",
                              coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+        if k == "tile":
+            typ = "DepthToSpace" if n.attrs["reverse"] else "SpaceToDepth"
+            mode = {"mode": "DCR"} if n.attrs["reverse"] else {}
+            return self.node(typ, ins, raw, name=n.name, blocksize=int(n.attrs["stride"]), **mode)
         if k == "prelu":
             # "dpu": the int8 slopes α_q·2^-s; x·α is then exact in float32 (8 by 8 bits), so the activation
             # quantizer after it rounds as the ALU and the reference do (spec §6.8, §7.7)

@@ -10,7 +10,7 @@ from opendpu.quant.prepare import Prepared, prepare
 from opendpu.quant.xir_out import NHWC_AXIS, act_attrs, geom_attrs, nhwc, onnx_macs, xir_weights
 
 _XIR_TYPE = {"input": "data", "conv": "conv2d", "dwconv": "depthwise-conv2d", "tconv": "transposed-conv2d",
-             "pool": "pool", "eltwise": "eltwise", "concat": "concat", "upsample": "upsample",
+             "pool": "pool", "eltwise": "eltwise", "concat": "concat", "upsample": "upsample", "tile": "tile",
              "hsigmoid": "hard-sigmoid", "reshape": "reshape", "slice": "strided_slice",
              "prelu": "prelu"}
 _ACT_TYPE = {"RELU": "relu", "RELU6": "relu6", "LEAKYRELU": "leaky-relu", "NONE": "identity"}
@@ -49,6 +49,8 @@ def op_descs(prep: Prepared) -> list:
         if n.kind == "slice":
             for k in ("begin", "end", "strides"):
                 attrs[k] = nhwc(a[k])
+        if n.kind == "tile":
+            attrs["stride"], attrs["reverse"] = int(a["stride"]), bool(a["reverse"])
         if n.kind == "upsample":
             attrs["mode"] = "NEAREST"
             sh, sw = a["scales"]

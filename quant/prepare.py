@@ -20,14 +20,14 @@ from opendpu.quant.onnx_in import FGraph, ModelError, Node, QuantError
 
 LEAKY_ALPHA = float(_FIXPOINT_LEAKY)   # 26/256, the DPU's only LeakyReLU slope (UG1414; spec §7.2)
 FLOAT_OPS = {"Softmax": "softmax", "Sigmoid": "sigmoid", "Tanh": "tanh"}
-MOVE_KINDS = ("concat", "reshape", "slice", "upsample")     # data movement: no arithmetic of its own
+MOVE_KINDS = ("concat", "reshape", "slice", "upsample", "tile")     # data movement: no arithmetic of its own
 
 
 @dataclass
 class QNode:
     """One op of the prepared graph, in ONNX (NCHW) terms; `name` becomes the XIR op name."""
     name: str
-    kind: str                    # input conv dwconv tconv pool eltwise concat upsample hsigmoid act reshape prelu float
+    kind: str            # input conv dwconv tconv pool eltwise concat upsample tile hsigmoid act reshape prelu float
     inputs: list[str]
     shape: list[int]
     attrs: dict = field(default_factory=dict)
@@ -844,6 +844,30 @@ class _Prep:
 
     op_Upsample = op_Resize
 
+    def op_SpaceToDepth(self, node: Node) -> None:
+        """The reorg (tile-fix, reverse false): output channel (dy·s + dx)·C + c takes input pixel
+        (y·s + dy, x·s + dx), ONNX's order and the DPU's (spec §7.9)."""
+        self._tile(node, False)
+
+    def op_DepthToSpace(self, node: Node) -> None:
+        """tile-fix reverse true: ONNX's DCR order is the DPU's; CRD (PixelShuffle's) is not."""
+        mode = node.attrs.get("mode", b"DCR")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        if mode != "DCR":
+            raise self.err(node, f"DepthToSpace mode {mode!r}: the DPU's tile orders channels as DCR")
+        self._tile(node, True)
+
+    def _tile(self, node: Node, reverse: bool) -> None:
+        x = self.src(node, node.inputs[0])
+        s = int(node.attrs.get("blocksize", 0))
+        out = self.shape(node.outputs[0])
+        n, c, h, w = (list(x.shape) + [0] * 4)[:4]
+        want = [n, c // (s * s), h * s, w * s] if reverse else [n, c * s * s, h // s, w // s]
+        if len(x.shape) != 4 or s < 1 or out != want or (c % (s * s) if reverse else h % s or w % s):
+            raise self.err(node, f"{node.op_type} blocksize {s} of {x.shape} to {out} is not a whole reorg")
+        self.add(QNode(node.name, "tile", [x.name], out, {"stride": s, "reverse": reverse}, sources=[node.name]),
+                 node.outputs[0])
+
     def op_Transpose(self, node: Node) -> None:
         """A Transpose read only by a Flatten/Reshape to [N, K] that feeds only a Gemm/MatMul (PyTorch's
         permute + view + Linear): the permutation goes into the dense weights, so the conv over the untransposed
@@ -962,8 +986,9 @@ class _Prep:
 
 SUPPORTED_ONNX = {"Conv", "ConvTranspose", "BatchNormalization", "Gemm", "MatMul", "Relu", "LeakyRelu", "Clip", "Add",
                   "Slice", "Split", "Sub", "Mul", "Div", "HardSigmoid", "HardSwish", "MaxPool", "AveragePool",
-                  "GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "Concat", "Resize", "Upsample", "Flatten",
-                  "Reshape", "Squeeze", "Unsqueeze", "Pad", "Identity", "Dropout", "Constant", "Shape"} | set(FLOAT_OPS)
+                  "GlobalAveragePool", "GlobalMaxPool", "ReduceMean", "Concat", "Resize", "Upsample", "SpaceToDepth",
+                  "DepthToSpace", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Pad", "Identity", "Dropout",
+                  "Constant", "Shape"} | set(FLOAT_OPS)
 
 
 def _layout_free(shape) -> bool:

@@ -236,7 +236,7 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
                      fixed: dict[str, int] | None = None):
     """Apply the DPU's fix-point rules to the calibrated positions; returns (act_fp, adjustments).
 
-    Shared positions: concat inputs and output, pool input and output, upsample and reshape in/out.
+    Shared positions: concat inputs and output, pool input and output, upsample, reshape, slice and tile in/out.
     Lowered (never raised) so nothing overflows: conv shift_cut = fp_in + fp_w - fp_out ≥ 0 (spec §7.2);
     eltwise-add input spread ≤ cfg.eltwise_spread (§7.5); ELEW shift_write ≤ 15 (§7.5); hard-sigmoid output 7;
     prelu shifts fp_in - fp_out and s + fp_in - fp_out ≥ -PRELU_SHIFT_MAX (§7.7). The shift limits are
@@ -250,7 +250,7 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
         if not n.quantized:
             continue
         ins = [i for i in n.inputs if i in raw and q[i].quantized]
-        if n.kind == "concat" and cfg.align_concat or n.kind in ("upsample", "reshape", "slice") or \
+        if n.kind == "concat" and cfg.align_concat or n.kind in ("upsample", "reshape", "slice", "tile") or \
                 (n.kind == "pool" and cfg.align_pool):
             for i in ins:
                 g.union(n.name, i)
@@ -262,7 +262,7 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
     for name, v in raw.items():
         if fp[g.find(name)] != v:
             adjustments.append({"tensor": name, "from": v, "to": fp[g.find(name)], "rule": "shared fix point "
-                                "(concat / pool / upsample / reshape / slice alignment)"})
+                                "(concat / pool / upsample / reshape / slice / tile alignment)"})
 
     def get(name):
         return fp[g.find(name)]

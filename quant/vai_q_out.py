@@ -8,7 +8,8 @@ arguments, attributes, tensors, const bytes). What it writes:
 
 * `data-fix` x        -> `data` x (FLOAT32) + `fix` x_fix; `const-fix` w -> `const` w (float32 data q·2^-fix_point,
   exact) + `fix` w_fix (round_mode PY3_ROUND, as the int8 tensor says);
-* a conv / pool / eltwise / concat / upsample / hard-sigmoid / reshape `*-fix` op -> its float op under the same name,
+* a conv / pool / eltwise / concat / upsample / hard-sigmoid / reshape `*-fix` op -> its float op under the same name
+  (tile-fix -> reorg, `stride` -> `scale`),
   its `nonlinear` as a separate relu / relu6 / leaky-relu op, then a `fix` whose tensor keeps the `*-fix` tensor's
   name; a single-input eltwise-fix is the activation alone (or a bare `fix` for a pure fix-point change);
 * a dense layer (quant/prepare.py `_dense`: conv2d-fix C over a full window, reshaped by `C_reshape`, fed directly or
@@ -233,6 +234,12 @@ class _ToVaiQ:
 
     def k_upsample_fix(self, op: Op) -> None:
         self._coarse(op, "upsample", ())
+
+    def k_tile_fix(self, op: Op) -> None:
+        """tile-fix (stride, reverse) -> reorg (scale, reverse), the float op `from_vai_q` reads back."""
+        a = Attrs([("scale", int(op.attrs.get("stride", 1))), ("reverse", bool(op.attrs.get("reverse", False)))])
+        c = self.emit(op.name, "reorg", self.ins(op), a, self.coarse_tensor(op.output), exact=True)
+        self.tail(op, c)
 
     def k_reshape_fix(self, op: Op) -> None:
         self._coarse(op, "reshape", ())

@@ -1,6 +1,7 @@
 """The quantized xmodel, in the XIR form vai_q_pytorch exports: data-fix, const-fix (with data), conv2d-fix,
-depthwise-conv2d-fix, transposed-conv2d-fix, pool-fix, eltwise-fix, concat-fix, upsample-fix, hard-sigmoid-fix,
-reshape-fix, fix2float/float2fix around float ops; NHWC tensors with fix_point, bit_width, if_signed, round_mode."""
+depthwise-conv2d-fix, transposed-conv2d-fix, pool-fix, eltwise-fix, concat-fix, upsample-fix, tile-fix,
+hard-sigmoid-fix, reshape-fix, fix2float/float2fix around float ops; NHWC tensors with fix_point, bit_width,
+if_signed, round_mode."""
 from __future__ import annotations
 
 import numpy as np
@@ -153,6 +154,9 @@ class _Builder:
             sh, sw = a["scales"]
             self.op(main, "upsample", {"input": ins}, {"mode": "NEAREST", "scale": [float(sw), float(sh)]},
                     float_tensor(main, shape))
+        elif k == "tile":
+            self.op(main, "reorg", {"input": ins}, {"scale": int(a["stride"]), "reverse": bool(a["reverse"])},
+                    float_tensor(main, shape))
         elif k == "hsigmoid":
             self.op(main, "hard-sigmoid", {"input": ins}, {}, float_tensor(main, shape))
         elif k == "prelu":
@@ -239,6 +243,11 @@ class _Builder:
         self.op(n.name, "upsample-fix", {"input": [self.fixed_of(n.inputs[0])]},
                 {"mode": "NEAREST", "scale": [float(sw), float(sh)], "align_corners": False,
                  "half_pixel_centers": False}, self.out_tensor(n))
+        self.fixed[n.name] = n.name
+
+    def k_tile(self, n: QNode):
+        self.op(n.name, "tile-fix", {"input": [self.fixed_of(n.inputs[0])]},
+                {"stride": int(n.attrs["stride"]), "reverse": bool(n.attrs["reverse"])}, self.out_tensor(n))
         self.fixed[n.name] = n.name
 
     def k_prelu(self, n: QNode):

@@ -51,10 +51,14 @@ ALL_TARGET_KEYS = PRESET_KEYS + tuple(PARAMETRIC)
 # ---- models ----------------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def quantized(name: str, size: int | None = None) -> Graph:
-    """The quantized xmodel graph of the digits CNN ("digits": calibrated on 40 load_digits training images) or
-    of zoo topology `name` at input `size` (4 random normal calibration images); maxmin calibration."""
+    """The quantized xmodel graph of the digits CNN ("digits": calibrated on 40 load_digits training images), of
+    `reorg_model` ("reorg", 8 random normal images) or of zoo topology `name` at input `size` (4 random normal
+    calibration images); maxmin calibration."""
     if name == "digits":
         model, calib = zoo.DIGITS_ONNX, zoo.digits_data()[0][:40]
+    elif name == "reorg":
+        model = reorg_model()
+        calib = np.random.default_rng(0).normal(0, 1, (8, 4, 12, 16)).astype(np.float32)
     else:
         s = zoo.DEFAULT_SIZE[name] if size is None else size
         h, w = s if isinstance(s, tuple) else (s, s)
@@ -62,6 +66,33 @@ def quantized(name: str, size: int | None = None) -> Graph:
         calib = np.random.default_rng(0).normal(0, 1, (4, 3, h, w)).astype(np.float32)
     res = quantize(model, calib, config=QuantConfig(method="maxmin"))
     return Graph.deserialize(res.xmodel().serialize())
+
+
+def reorg_model():
+    """A 1x4x12x16 float ONNX graph around both reorgs (tile-fix): conv 3x3 -> SpaceToDepth(2), concatenated with
+    a 2x2 max pool of the same map (YOLOv2's passthrough), conv 1x1 to 12 channels -> DepthToSpace(2, DCR) ->
+    conv 3x3; weights from a fixed seed."""
+    import onnx
+    from onnx import TensorProto, helper as oh, numpy_helper
+    r = np.random.default_rng(5)
+    inits = {"w1": r.normal(0, .3, (8, 4, 3, 3)), "b1": r.normal(0, .1, 8), "w2": r.normal(0, .2, (12, 40, 1, 1)),
+             "w3": r.normal(0, .3, (5, 3, 3, 3)), "b3": r.normal(0, .1, 5)}
+    N = oh.make_node
+    nodes = [N("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             N("Relu", ["c1"], ["r1"], name="relu1"),
+             N("SpaceToDepth", ["r1"], ["s2d"], blocksize=2, name="reorg"),
+             N("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2], name="pool1"),
+             N("Concat", ["s2d", "p1"], ["cat"], axis=1, name="route"),
+             N("Conv", ["cat", "w2"], ["c2"], name="conv2"),
+             N("DepthToSpace", ["c2"], ["d2s"], blocksize=2, mode="DCR", name="shuffle"),
+             N("Conv", ["d2s", "w3", "b3"], ["y"], pads=[1, 1, 1, 1], name="conv3")]
+    g = oh.make_graph(nodes, "reorg", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 12, 16])],
+                      [oh.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, 12, 16])],
+                      [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
 
 
 @dataclass

@@ -9,9 +9,9 @@ branches, Mul by a per-channel constant, Concat along channels, Resize nearest x
 Transpose, Softmax, Flatten (or Reshape) + Gemm at the end, and now and then an op the DPU lacks (Exp, Abs, Tanh,
 Clip(0, 1)); beyond the issue's list, more of what the quantizer takes: ConvTranspose, zero Pad folded into a Conv
 or AveragePool, GlobalMaxPool, ReduceMean over H and W, Add/Sub/Mul/Div by a scalar or per-channel constant, Mul of
-two branches and squeeze-excite, PRelu (also negative slopes), Slice. Hypothesis draws the structure, the target
-(B512, B1152, B4096, PP2_CP4_D512), the calibration method and a seed; the weights and the 8 calibration inputs
-(normal, uniform or smooth sums of sines) come from a numpy generator with that seed.
+two branches and squeeze-excite, PRelu (also negative slopes), Slice, SpaceToDepth / DepthToSpace. Hypothesis
+draws the structure, the target (B512, B1152, B4096, PP2_CP4_D512), the calibration method and a seed; the weights
+and the 8 calibration inputs (normal, uniform or smooth sums of sines) come from a numpy generator with that seed.
 
 Every example must end in one of two ways (`check_case`):
 - success: `quant.quantize.quantize` and `compiler.pipeline.compile` return, and for three inputs (two calibration
@@ -345,6 +345,20 @@ def _slice(draw, net: _Net, x: str) -> str:
                    desc=f"slice axis{axis} {a}:{b}:{step}")[0]
 
 
+def _reorg(draw, net: _Net, x: str) -> str:
+    """SpaceToDepth(2) of an even map, or DepthToSpace(2) (DCR, or now and then CRD, which stays on the CPU) of a
+    map with a multiple of 4 channels; otherwise a conv."""
+    _, c, h, w = net.shapes[x]
+    s2d_ok = h % 2 == 0 and w % 2 == 0 and 4 * c <= MAX_RESHAPE_C
+    d2s_ok = c % 4 == 0 and 2 * max(h, w) <= MAX_SIDE
+    if not (s2d_ok or d2s_ok):
+        return _conv(draw, net, x)
+    if s2d_ok and (not d2s_ok or draw(st.booleans())):
+        return net.add("SpaceToDepth", [x], desc="space-to-depth 2", blocksize=2)[0]
+    mode = draw(st.sampled_from(("DCR", "DCR", "CRD")))
+    return net.add("DepthToSpace", [x], desc=f"depth-to-space 2 {mode}", blocksize=2, mode=mode)[0]
+
+
 def _head(draw, net: _Net, x: str) -> str:
     """Flatten (or Reshape to [1, -1]) + Gemm: the end of the graph."""
     rng = net.rng
@@ -365,7 +379,7 @@ def _head(draw, net: _Net, x: str) -> str:
 OPS = ("conv", "conv", "conv", "act", "act", "pool", "pool", "gap", "add", "add", "mul", "concat", "concat",
        "resize", "reshape", "split", "transpose", "softmax", "unsupported", "head",
        # beyond the issue's list: more of what the quantizer takes
-       "tconv", "pad", "gmp", "reducemean", "arith", "mulbranch", "prelu", "slice")
+       "tconv", "pad", "gmp", "reducemean", "arith", "mulbranch", "prelu", "slice", "reorg")
 
 
 def _op(draw, net: _Net, x: str, kind: str) -> str:
@@ -422,6 +436,8 @@ def _op(draw, net: _Net, x: str, kind: str) -> str:
         return _prelu(draw, net, x)
     if kind == "slice":
         return _slice(draw, net, x)
+    if kind == "reorg":
+        return _reorg(draw, net, x)
     raise AssertionError(kind)
 
 

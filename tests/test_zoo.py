@@ -247,31 +247,35 @@ def test_yolov2_is_pg338s_82_5_gops_at_640():
         zoo.build("yolov2", 112)                  # 112 / 16 = 7: onnx infers 3x3, onnxruntime refuses to run
 
 
-def test_yolov2_reorg_stays_on_the_cpu():
-    """SpaceToDepth (the reorg) has no DPU form: the quantizer keeps it float on the CPU with a reason and the convs
-    before and after it on the DPU."""
-    from opendpu.quant.onnx_in import to_fgraph
-    from opendpu.quant.prepare import prepare
-    from opendpu.quant.quantize import QuantConfig
+def test_yolov2_reorg_runs_on_the_dpu():
+    """SpaceToDepth (the reorg) becomes the quantizer's `tile` (tile-fix, stride 2): the whole model is on the DPU;
+    UG1414's reorg limit stride²·C ≤ 256·CP holds for its 512 channels on B4096 (2048 ≤ 4096)."""
+    from opendpu.quant.inspect import inspect_model
 
-    prep = prepare(to_fgraph(zoo.build("yolov2", 64), "yolov2"), QuantConfig())
-    cpu = [(n.name, n.reason) for n in prep.nodes if n.device == "CPU"]
-    assert cpu == [("layer26.reorg", "SpaceToDepth has no DPU form")]
-    assert prep.node("layer27.route").device == "DPU" and prep.node("layer28.conv").device == "DPU"
+    _, prep, rows = inspect_model(zoo.build("yolov2", 64), "B4096")
+    assert [(n.name, p.reason) for n, p in rows if p.device == "CPU"] == []
+    r = prep.node("layer26.reorg")
+    assert r.kind == "tile" and r.attrs == {"stride": 2, "reverse": False} and r.shape == [1, 2048, 2, 2]
 
 
 @pytest.mark.slow
-def test_yolov2_quantizes_and_compiles_with_the_reorg_on_the_cpu():
-    """The whole flow at 64x64 (bench_calibration.py's: 4 random calibration images, B4096): two DPU subgraphs
-    around a CPU subgraph running the SpaceToDepth as an onnx-op, with its reason."""
+def test_yolov2_quantizes_and_compiles_with_the_reorg_on_the_dpu():
+    """The whole flow at 64x64 (bench_calibration.py's: 4 random calibration images, B4096): one DPU subgraph
+    holding the tile-fix; the compiled xmodel on the cycle model gives the quantized graph's outputs on the
+    reference byte for byte."""
     from opendpu.compiler.pipeline import compile as compile_graph
     from opendpu.compiler.xir.graph import Graph
     from opendpu.quant.quantize import QuantConfig, quantize
+    from opendpu.runtime.runner import GraphRunner
 
     x = np.random.default_rng(0).normal(0, 1, (4, 3, 64, 64)).astype(np.float32)
     res = quantize(zoo.build("yolov2", 64), x, config=QuantConfig(method="maxmin"))
-    g = compile_graph(Graph.deserialize(res.xmodel().serialize()), "DPUCZDX8G_ISA1_B4096", name="yolov2").graph
-    assert [s.device for s in g.toposort_child_subgraphs()] == ["USER", "DPU", "CPU", "DPU"]
-    cpu = next(s for s in g.root.children if s.device == "CPU")
-    (op,) = [g.ops[n] for n in cpu.all_ops() if g.ops[n].type == "onnx-op"]
-    assert op.attrs["onnx_op_type"] == "SpaceToDepth" and op.attrs["cpu_reason"] == "SpaceToDepth has no DPU form"
+    q = Graph.deserialize(res.xmodel().serialize())
+    g = compile_graph(q, "DPUCZDX8G_ISA1_B4096", name="yolov2").graph
+    assert [s.device for s in g.toposort_child_subgraphs()] == ["USER", "DPU"]
+    dpu = next(s for s in g.root.children if s.device == "DPU")
+    assert g.ops["layer26.reorg"].type == "tile-fix" and "layer26.reorg" in dpu.all_ops()
+    xin = [np.random.default_rng(1).integers(-128, 128, (1, 64, 64, 3), dtype=np.int8)]
+    want = GraphRunner(q, backend="ref").run(xin).outputs
+    got = GraphRunner(g, backend="sim", seed=3).run(xin).outputs
+    assert set(got) == set(want) and all(np.array_equal(np.asarray(got[k]), np.asarray(v)) for k, v in want.items())

@@ -529,12 +529,14 @@ def _op_upsample_fix(ctx: _Ctx) -> np.ndarray:
     return _rescale(ctx, y, ctx.fix(0))
 
 
-@_register("tile-fix")
+@_register("tile-fix", "reorg")
 def _op_tile_fix(ctx: _Ctx) -> np.ndarray:
+    """tile-fix (`stride`) and its float form reorg (`scale`): the same permutation, no arithmetic."""
     ctx.need_inputs(1, 1)
-    x = ctx.int_input(0)
+    fixed = ctx.op_type == "tile-fix"
+    x = ctx.int_input(0) if fixed else ctx.float_input(0)
     _check_4d(ctx, x, "input")
-    s = ctx.int_attr("stride")
+    s = ctx.int_attr("stride") if fixed else ctx.int_attr("scale")
     if s < 1:
         raise ctx.error(f"bad stride {s}")
     N, H, W, C = x.shape
@@ -548,7 +550,7 @@ def _op_tile_fix(ctx: _Ctx) -> np.ndarray:
             raise ctx.error(f"H, W = {H}, {W} not divisible by stride {s}")
         y = x.reshape(N, H // s, s, W // s, s, C).transpose(0, 1, 3, 2, 4, 5)
         y = y.reshape(N, H // s, W // s, s * s * C)
-    return _rescale(ctx, y, _fix_or_none(ctx, 0))
+    return _rescale(ctx, y, _fix_or_none(ctx, 0)) if fixed else y.astype(np.float32)
 
 
 @_register("hard-sigmoid-fix")
