@@ -14,9 +14,9 @@ from opendpu.quant.onnx_in import QuantError
 
 OPSET = 17
 NAMES = ("resnet18", "resnet50", "resnet50_caffe", "mobilenet_v1", "mobilenet_v2", "squeezenet", "inception_v1",
-         "tiny_yolo", "tiny_yolo_v2", "yolov2", "yolov3")
+         "inception_v1_caffe", "tiny_yolo", "tiny_yolo_v2", "yolov2", "yolov3")
 DEFAULT_SIZE = {"resnet18": 224, "resnet50": 224, "resnet50_caffe": 224, "mobilenet_v1": 224, "mobilenet_v2": 224,
-                "squeezenet": 224, "inception_v1": 224, "tiny_yolo": 416, "tiny_yolo_v2": 416, "yolov2": 416,
+                "squeezenet": 224, "inception_v1": 224, "inception_v1_caffe": 224, "tiny_yolo": 416, "tiny_yolo_v2": 416, "yolov2": 416,
                 "yolov3": 416}
 DIGITS_ONNX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "digits_cnn.onnx")
 
@@ -51,6 +51,12 @@ PUBLISHED: dict[str, dict] = {
                    "vitis_ai": "pt_squeezenet_imagenet_224_224_703.5M"},
     "inception_v1": {"macs": 1_498_000_000, "params": 6_624_904, "source": "torchvision GoogLeNet_Weights (no aux)",
                      "vitis_ai": "tf_inceptionv1_imagenet_224_224_3G"},
+    "inception_v1_caffe": {"macs": 1_586_000_000, "params": 6_998_552,
+                           "source": "Szegedy et al. 2014 (arXiv:1409.4842) Table 1: 1,586 M multiply-adds (the ops "
+                                     "column summed); params counted by hand from bvlc_googlenet's prototxt without "
+                                     "the auxiliary classifiers: conv and fc weights and biases; PG338's "
+                                     "Inception-v1 (3.2 GOPs)",
+                           "vitis_ai": "cf_inceptionv1_imagenet_224_224_3.16G"},
     "tiny_yolo": {"macs": 2_780_000_000, "params": 8_850_000,
                   "source": "darknet yolov3-tiny 5.56 BFLOPs; Hailo model zoo tiny_yolov3 8.85 M params",
                   "vitis_ai": "dk_tiny-yolov3_416_416_5.46G"},
@@ -310,6 +316,46 @@ def _inception_v1(b: _Builder, x: str):
     return b.head(x, cin, dropout=0.2)  # torchvision: avgpool, flatten, dropout, fc
 
 
+def _inception_v1_caffe(b: _Builder, x: str):
+    """BVLC GoogLeNet (Szegedy et al. 2014, Table 1; the Caffe model behind Vitis AI's cf_inceptionv1): conv + bias +
+    ReLU throughout, a real 5x5 conv in each inception's third branch, ceil-mode pools, a 7x7 average pool and the
+    1000-way classifier; Caffe prototxt names. The two LRN layers are left out: the DPU has no LRN, and a model
+    deployed whole on the DPU, as PG338 measures it, has none (docs/calibration.md)."""
+    def conv(x, cin, cout, k, name, stride=1, gain=2.0):
+        y = b.conv(x, cin, cout, k, name, stride=stride, pad=k // 2, bias=True, gain=gain)
+        return b.relu(y, name.replace("/", "/relu_", 1) if "/" in name else name + "_relu")
+
+    def inception(x, cin, c1, c3r, c3, c5r, c5, pp, p):
+        b1 = conv(x, cin, c1, 1, p + "/1x1")
+        b2 = conv(conv(x, cin, c3r, 1, p + "/3x3_reduce"), c3r, c3, 3, p + "/3x3")
+        b3 = conv(conv(x, cin, c5r, 1, p + "/5x5_reduce"), c5r, c5, 5, p + "/5x5")
+        b4 = conv(b.maxpool(x, p + "/pool", 3, 1, (1, 1, 1, 1), ceil=1), cin, pp, 1, p + "/pool_proj")
+        return b.node("Concat", [b1, b2, b3, b4], p + "/output", axis=1), c1 + c3 + c5 + pp
+
+    x = conv(x, 3, 64, 7, "conv1/7x7_s2", stride=2, gain=1.0)
+    x = b.maxpool(x, "pool1/3x3_s2", 3, 2, ceil=1)
+    x = conv(x, 64, 64, 1, "conv2/3x3_reduce")
+    x = conv(x, 64, 192, 3, "conv2/3x3")
+    x = b.maxpool(x, "pool2/3x3_s2", 3, 2, ceil=1)
+    cin = 192
+    for name, cfg in [("inception_3a", (64, 96, 128, 16, 32, 32)), ("inception_3b", (128, 128, 192, 32, 96, 64)),
+                      ("pool3/3x3_s2", None), ("inception_4a", (192, 96, 208, 16, 48, 64)),
+                      ("inception_4b", (160, 112, 224, 24, 64, 64)), ("inception_4c", (128, 128, 256, 24, 64, 64)),
+                      ("inception_4d", (112, 144, 288, 32, 64, 64)), ("inception_4e", (256, 160, 320, 32, 128, 128)),
+                      ("pool4/3x3_s2", None), ("inception_5a", (256, 160, 320, 32, 128, 128)),
+                      ("inception_5b", (384, 192, 384, 48, 128, 128))]:
+        if cfg is None:
+            x = b.maxpool(x, name, 3, 2, ceil=1)
+        else:
+            x, cin = inception(x, cin, *cfg, name)
+    x = b.node("GlobalAveragePool", [x], "pool5/7x7_s1")
+    x = b.node("Flatten", [x], "flatten", axis=1)
+    x = b.dropout(x, "pool5/drop_7x7_s1", 0.4)
+    w = b.init("loss3/classifier.weight", b.rng.standard_normal((1000, cin)) * math.sqrt(1.0 / cin))
+    return b.node("Gemm", [x, w, b.init("loss3/classifier.bias", b.rng.uniform(-0.1, 0.1, 1000))], "loss3/classifier",
+                  "output", transB=1)
+
+
 def _tiny_yolo(b: _Builder, x: str, ncls: int = 80):
     nout = 3 * (ncls + 5)
 
@@ -425,6 +471,7 @@ _BUILDERS = {
     "mobilenet_v2": _mobilenet_v2,
     "squeezenet": _squeezenet,
     "inception_v1": _inception_v1,
+    "inception_v1_caffe": _inception_v1_caffe,
     "tiny_yolo": _tiny_yolo,
     "tiny_yolo_v2": _tiny_yolo_v2,
     "yolov2": _yolov2,

@@ -258,7 +258,7 @@ PG338_FPS: dict[str, tuple[float, float]] = {
 # is darknet's first YOLOv2 VOC release (yolo-voc.2.0.cfg: the passthrough reorgs the 512-channel map directly) at
 # 640x640: 34.90 BFLOPs at 416 scale to 82.6 GOPs; the later yolo-voc.cfg / yolov2.cfg fit no standard size.
 PG338_ZOO: dict[str, tuple[str, tuple[int, int]] | None] = {
-    "Inception-v1": ("inception_v1", (224, 224)), "ResNet50": ("resnet50_caffe", (224, 224)),
+    "Inception-v1": ("inception_v1_caffe", (224, 224)), "ResNet50": ("resnet50_caffe", (224, 224)),
     "SqueezeNet": ("squeezenet", (224, 224)), "Tiny-YOLO": ("tiny_yolo_v2", (416, 416)),
     "YOLO-V2": ("yolov2", (640, 640)), "YOLO-V3 512x256": ("yolov3", (256, 512)),
 }

@@ -27,7 +27,8 @@ from compile_helpers import (ALL_TARGET_KEYS, PARAMETRIC, compiled, ddr_state, d
 from opendpu.runtime.runner import GraphRunner
 from opendpu.sim.timing import DeadlockError
 
-ZOO = ("resnet18", "resnet50", "mobilenet_v1", "mobilenet_v2", "squeezenet", "inception_v1", "tiny_yolo")
+ZOO = ("resnet18", "resnet50", "mobilenet_v1", "mobilenet_v2", "squeezenet", "inception_v1", "inception_v1_caffe",
+       "tiny_yolo")
 SMALL = 32                     # zoo input size for the race / timing checks
 TIMINGS = 20                   # random timing parameter sets per program
 

@@ -83,7 +83,7 @@ def test_structure():
                 conv = producer[nd.input[0]]
                 assert conv.op_type == "Conv" and len(conv.input) == 2, nd.name
                 assert all(i in inits for i in nd.input[1:])
-        assert ("BatchNormalization" in ops) == (n != "squeezenet")
+        assert ("BatchNormalization" in ops) == (n not in ("squeezenet", "inception_v1_caffe"))
     assert _ops(m["resnet18"]).count("Add") == 8 and _ops(m["resnet50"]).count("Add") == 16
     assert sum(nd.name.endswith("downsample.0") for nd in m["resnet50"].graph.node) == 4
     # Caffe ResNet-50: the stride sits on the 1x1 branch2a / branch1 of res3a, res4a, res5a, never on a 3x3
@@ -116,7 +116,8 @@ def test_structure():
     for n in ("mobilenet_v2", "squeezenet", "inception_v1"):
         assert "Dropout" in _ops(m[n])
     assert _ops(m["squeezenet"]).count("Concat") == 8 and _ops(m["inception_v1"]).count("Concat") == 9
-    for n in ("squeezenet", "inception_v1"):
+    assert _ops(m["inception_v1_caffe"]).count("Concat") == 9 and "LRN" not in _ops(m["inception_v1_caffe"])
+    for n in ("squeezenet", "inception_v1", "inception_v1_caffe"):
         pools = [nd for nd in m[n].graph.node if nd.op_type == "MaxPool"]
         assert pools and all(helper.get_attribute_value(a) == 1 for p in pools for a in p.attribute
                              if a.name == "ceil_mode")
@@ -245,6 +246,33 @@ def test_yolov2_is_pg338s_82_5_gops_at_640():
     assert abs(c["gops"] / 82.5 - 1) < 0.002
     with pytest.raises(QuantError, match=r"layer26.reorg reorganizes a 7x7 map by 2\); use a multiple of 32"):
         zoo.build("yolov2", 112)                  # 112 / 16 = 7: onnx infers 3x3, onnxruntime refuses to run
+
+
+def test_inception_v1_caffe_is_googlenet_table_1():
+    """The Caffe GoogLeNet against Szegedy et al. 2014, Table 1: each row's multiply-adds (in millions, as printed)
+    and the inception outputs' sizes; a real 5x5 in every third branch."""
+    m = zoo.build("inception_v1_caffe")
+    inf = onnx.shape_inference.infer_shapes(m)
+    shp = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+           for v in list(inf.graph.value_info) + list(inf.graph.output)}
+    w = {t.name: list(t.dims) for t in m.graph.initializer}
+    macs: dict[str, int] = {}
+    for n in m.graph.node:
+        if n.op_type in ("Conv", "Gemm"):
+            row = n.name.split("/")[0]
+            macs[row] = macs.get(row, 0) + int(np.prod(shp[n.output[0]])) * int(np.prod(w[n.input[1]][1:]))
+    # as printed, except 5a: the table prints 54 M, its own row (7x7x832 in; 256, 160->320, 32->128 5x5, 128)
+    # gives 832·49·(256 + 160 + 32 + 128) + 49·(9·160·320 + 25·32·128) = 51.08 M
+    table = {"conv1": 118, "conv2": 360, "inception_3a": 128, "inception_3b": 304, "inception_4a": 73,
+             "inception_4b": 88, "inception_4c": 100, "inception_4d": 119, "inception_4e": 170, "inception_5a": 51,
+             "inception_5b": 71, "loss3": 1}
+    assert macs.keys() == table.keys() and all(abs(macs[k] / 1e6 - v) < 1 for k, v in table.items()), macs
+    assert macs["inception_5a"] == 832 * 49 * (256 + 160 + 32 + 128) + 49 * (9 * 160 * 320 + 25 * 32 * 128)
+    sizes = {n.name.split("/")[0]: shp[n.output[0]][1:] for n in m.graph.node if n.name.endswith("/output")}
+    assert sizes == {"inception_3a": [256, 28, 28], "inception_3b": [480, 28, 28], "inception_4a": [512, 14, 14],
+                     "inception_4b": [512, 14, 14], "inception_4c": [512, 14, 14], "inception_4d": [528, 14, 14],
+                     "inception_4e": [832, 14, 14], "inception_5a": [832, 7, 7], "inception_5b": [1024, 7, 7]}
+    assert all(w[f"{k}/5x5.weight"][2:] == [5, 5] for k in sizes)
 
 
 def test_yolov2_reorg_runs_on_the_dpu():
