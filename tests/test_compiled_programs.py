@@ -120,8 +120,8 @@ def test_fused_output_on_a_live_strip_buffer_is_refused(monkeypatch):
     """`_fused`'s guard: Q's output rows must not land on the strip buffer Q reads or on the next strip's input. The
     strip planner's half-depth budget keeps them apart, so the planner is made to plan with the whole depth: on
     MobileNet v2 (PP2) the guard then refuses forms of 11 pairs (most with Q's output in VB1, beside the
-    intermediate) and the program stays exact and race-free. Without the guard the same compile leaves wrong bytes (checked by hand: 2,620
-    instructions, 22 tensors differ), so it is what keeps the program right."""
+    intermediate) and the program stays exact and race-free. Without the guard the same compile leaves wrong bytes
+    (checked by hand: 2,620 instructions, 22 tensors differ), so it is what keeps the program right."""
     import opendpu.compiler.codegen as cg
     from opendpu.compiler.pipeline import compile as compile_graph
     from opendpu.runtime.costmodel import cycle_model
