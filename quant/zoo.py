@@ -16,8 +16,8 @@ OPSET = 17
 NAMES = ("resnet18", "resnet50", "resnet50_caffe", "mobilenet_v1", "mobilenet_v2", "squeezenet", "inception_v1",
          "inception_v1_caffe", "tiny_yolo", "tiny_yolo_v2", "yolov2", "yolov3")
 DEFAULT_SIZE = {"resnet18": 224, "resnet50": 224, "resnet50_caffe": 224, "mobilenet_v1": 224, "mobilenet_v2": 224,
-                "squeezenet": 224, "inception_v1": 224, "inception_v1_caffe": 224, "tiny_yolo": 416, "tiny_yolo_v2": 416,
-                "yolov2": 416, "yolov3": 416}
+                "squeezenet": 224, "inception_v1": 224, "inception_v1_caffe": 224, "tiny_yolo": 416,
+                "tiny_yolo_v2": 416, "yolov2": 416, "yolov3": 416}
 DIGITS_ONNX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "digits_cnn.onnx")
 
 # Published compute and size of each model at its default input size. "macs" are multiply-accumulates
