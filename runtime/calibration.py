@@ -3,8 +3,10 @@
 UG1414's vaitrace text summary of ResNet-50 on a DPUCZDX8G (Figure 37) gives per layer WL, RT, LdWB, LdFM and
 StFM. `compare_resnet50` lines our profile of the zoo's Caffe ResNet-50 (`resnet50_caffe`) compiled for B4096 up
 with it row by row, `score` gives the acceptance figures and `best_overhead` fits the one per-row launch cost of
-vaitrace's fine-grained mode. `PG338_FPS` / `PG338_ZOO` are PG338's fps table and our model for each row, and
-`fit_board` fits the host time per DPU run and the DDR efficiency of the multi-core model (sim/multicore.py) on
+vaitrace's fine-grained mode. UG1414's newer DPU Summary of the same network (Figure 34) gives each subgraph's Mem
+IO, which `fig34_io` splits into parameters and maps and `compare_fig34` checks our LdWB against.
+`PG338_FPS` / `PG338_ZOO` are PG338's fps table and our model for each row, and `fit_board` fits the host time per
+DPU run and the DDR efficiency of the multi-core model (sim/multicore.py) on
 it. benchmarks/bench_calibration.py prints all of it.
 """
 from __future__ import annotations
@@ -75,6 +77,130 @@ UG1414_RESNET50: tuple[tuple[str, float, float, float, float, float], ...] = (
     ("pool5", 0.0, 0.182, 0.0, 0.096, 0.002),
     ("fc1000_bias", 0.004, 0.312, 1.954, 0.002, 0.0),
 )
+
+# UG1414 (v3.5) Figure 34, the Vitis AI Profiler's "DPU Summary" of the same ResNet-50 on DPUCZDX8G_1 with newer
+# tools (no downsample back-propagation: explicit fake_downsample subgraphs): (subgraph, avg ms, WL GOP, Mem IO MB).
+# The figure is cropped to these 31 subgraphs, res2b to res4c. Mem IO is LdWB + LdFM + StFM in MB of 10**6 bytes
+# (`fig34_io` reproduces every row to the printed 0.001 MB).
+UG1414_FIG34: tuple[tuple[str, float, float, float], ...] = (
+    ("res2b", 0.519, 0.103, 1.823), ("res2c_branch2a", 0.255, 0.103, 1.02), ("res2c_branch2b", 0.350, 0.231, 0.438),
+    ("res2c", 0.517, 0.103, 1.823), ("fake_downsample_3", 0.168, 0.0, 0.401),
+    ("fake_downsample_0", 0.170, 0.0, 0.401), ("res3a_branch2a", 0.164, 0.051, 0.334),
+    ("res3a_branch2b", 0.331, 0.231, 0.348), ("res3a_branch2c", 0.278, 0.103, 0.568), ("res3a", 0.558, 0.206, 1.135),
+    ("res3b_branch2a", 0.216, 0.103, 0.567), ("res3b_branch2b", 0.340, 0.231, 0.348), ("res3b", 0.336, 0.103, 0.969),
+    ("res3c_branch2a", 0.216, 0.103, 0.567), ("res3c_branch2b", 0.339, 0.231, 0.348), ("res3c", 0.336, 0.103, 0.969),
+    ("res3d_branch2a", 0.216, 0.103, 0.567), ("res3d_branch2b", 0.340, 0.231, 0.348), ("res3d", 0.336, 0.103, 0.969),
+    ("fake_downsample_4", 0.117, 0.0, 0.201), ("fake_downsample_1", 0.117, 0.0, 0.201),
+    ("res4a_branch2a", 0.149, 0.051, 0.282), ("res4a_branch2b", 0.322, 0.231, 0.69),
+    ("res4a_branch2c", 0.303, 0.103, 0.514), ("res4a", 0.534, 0.206, 1.027), ("res4b_branch2a", 0.215, 0.103, 0.513),
+    ("res4b_branch2b", 0.323, 0.231, 0.69), ("res4b", 0.445, 0.103, 0.715), ("res4c_branch2a", 0.214, 0.103, 0.513),
+    ("res4c_branch2b", 0.323, 0.231, 0.69), ("res4c", 0.445, 0.103, 0.715),
+)
+_SIDE = {2: 56, 3: 28, 4: 14, 5: 7}
+_WIDTH = {2: 64, 3: 128, 4: 256, 5: 512}
+
+
+def fig34_io(name: str) -> tuple[int, int, int]:
+    """(parameter bytes, feature-map bytes loaded, bytes stored) of a Figure 34 subgraph of the Caffe ResNet-50 when
+    it loads its weights and biases (int8), its input and its residual once and stores its output once: the
+    network's arithmetic alone. fake_downsample_0 / _3 pick every other pixel of stage 2's output (to 28x28x256),
+    _1 / _4 of stage 3's (to 14x14x512)."""
+    if name.startswith("fake_downsample_"):
+        s = 2 if name[-1] in "03" else 3
+        n = (_SIDE[s] // 2) ** 2 * 4 * _WIDTH[s]
+        return 0, n, n
+    m = _BLOCK.fullmatch(name)
+    if not m:
+        raise ValueError(f"{name!r} is not a Figure 34 subgraph")
+    blk, br = m.groups()
+    s, first = int(blk[3]), blk.endswith("a")
+    px, w = _SIDE[s] ** 2, _WIDTH[s]
+    cin = (4 * _WIDTH[s - 1] if s > 2 else 64) if first else 4 * w         # the block's input channels
+    if br == "branch2a":
+        return cin * w + w, px * cin, px * w
+    if br == "branch2b":
+        return 9 * w * w + w, px * w, px * w
+    if br == "branch2c":                                                   # a first block's (the add is branch1's)
+        return 4 * w * w + 4 * w, px * w, px * 4 * w
+    if first:                                                              # branch1 + the add
+        return 4 * w * cin + 4 * w, px * cin + px * 4 * w, px * 4 * w
+    return 4 * w * w + 4 * w, px * w + px * 4 * w, px * 4 * w              # branch2c + the add
+
+
+def fig34_row(op: str) -> str | None:
+    """The Figure 34 subgraph whose parameters our op `op` (an op name of `resnet50_caffe`) loads, or None."""
+    m = _BLOCK.fullmatch(op)
+    if not m:
+        return None
+    blk, br = m.groups()
+    name = blk if br in (None, "branch1") or (br == "branch2c" and not blk.endswith("a")) else f"{blk}_{br}"
+    return name if name in {r[0] for r in UG1414_FIG34} else None
+
+
+@dataclass
+class LdwbCheck:
+    """Figure 34 rows beside our LdWB: AMD's LdWB is what Mem IO leaves after the feature maps (`fig34_io`)."""
+
+    name: str
+    layers: list[str]
+    ldwb: int                 # ours, bytes
+    amd_ldwb: int             # Mem IO minus the maps, bytes (to the printed 1,000 bytes)
+    params: int               # the layers' weights and biases
+    rows: int = 1
+
+    @property
+    def ok(self) -> bool:
+        """Within 5 %, or within the printed resolution of Mem IO (500 bytes) for parameter-free rows."""
+        return abs(self.ldwb - self.amd_ldwb) <= max(0.05 * self.amd_ldwb, 500)
+
+
+def compare_fig34(rows: list[dict], ops: dict[str, list[str]]) -> list[LdwbCheck]:
+    """Our LdWB (profile rows, layer level, and `layer_ops`) per Figure 34 row that holds parameters; rows one of our
+    layers spans (a fused conv pair) are compared as one group. Our layers are placed by the convs they hold."""
+    order = {r[0]: k for k, r in enumerate(UG1414_FIG34)}
+    parent = {n: n for n in order}
+
+    def root(n):
+        while parent[n] != n:
+            n = parent[n]
+        return n
+    placed = []
+    for r in rows:
+        if r["level"] != "layer":
+            continue
+        names = sorted({fig34_row(o) for o in ops.get(r["subgraph"], [])} - {None}, key=order.__getitem__)
+        for n in names[1:]:
+            parent[root(n)] = root(names[0])
+        if names:
+            placed.append((r, names))
+    groups: dict[str, list[str]] = {}
+    for n in order:
+        if fig34_io(n)[0]:
+            groups.setdefault(root(n), []).append(n)
+    out = []
+    for g, members in sorted(groups.items(), key=lambda kv: order[kv[1][0]]):
+        rs = [r for r, ns in placed if root(ns[0]) == g]
+        amd = sum(round(UG1414_FIG34[order[m]][3] * 1e6) - sum(fig34_io(m)[1:]) for m in members)
+        out.append(LdwbCheck(" + ".join(members), [r["subgraph"] for r in rs],
+                             round(sum(r["ldwb_mb"] for r in rs) * 2 ** 20), amd,
+                             sum(fig34_io(m)[0] for m in members), len(members)))
+    return out
+
+
+def format_fig34(checks: list[LdwbCheck]) -> str:
+    lines = [f"{'Figure 34 row':32s} {'Mem IO':>7s} {'maps':>9s} {'LdWB AMD':>9s} {'ours':>9s} {'params':>9s} "
+             f"{'ours/AMD':>8s}"]
+    memio = {r[0]: r[3] for r in UG1414_FIG34}
+    for c in checks:
+        names = c.name.split(" + ")
+        maps = sum(sum(fig34_io(n)[1:]) for n in names)
+        lines.append(f"{c.name:32s} {sum(memio[n] for n in names):7.3f} {maps:9d} {c.amd_ldwb:9d} {c.ldwb:9d} "
+                     f"{c.params:9d} {c.ldwb / c.amd_ldwb:8.4f}{'' if c.ok else ' *'}")
+    n, ok = sum(c.rows for c in checks), sum(c.rows for c in checks if c.ok)
+    lines.append(f"LdWB within 5 %: {ok}/{n} rows with parameters (the other {len(UG1414_FIG34) - n} of the 31 are "
+                 f"fake_downsample subgraphs)")
+    return "\n".join(lines)
+
 
 # The last block of stages 2-4 runs at the next stage's stride in AMD's program (its 3x3 conv and its branch2c + add
 # are computed only where the stride-2 1x1 convs of the next stage read: "downsample back-propagation"); vaitrace

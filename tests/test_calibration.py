@@ -21,6 +21,54 @@ def test_ug1414_table_transcribed():
     assert dict((r[0], r[3]) for r in rows)["fc1000_bias"] == pytest.approx(2048 * 1000 / 2 ** 20, abs=0.002)
 
 
+def test_ug1414_fig34_is_parameters_and_maps_once():
+    """UG1414's newer DPU Summary (Figure 34): every subgraph's Mem IO is, to the printed 0.001 MB of 10^6 bytes,
+    its weights and biases plus its input (and residual) map loaded once and its output stored once, by the
+    network's arithmetic; this includes res2c_branch2a, res3b/res3d_branch2a, res2b/res2c and res4a, where the
+    older Figure 37 shows about 0.0205 MB more LdWB than the weights."""
+    rows = cal.UG1414_FIG34
+    assert len(rows) == 31 and len({r[0] for r in rows}) == 31
+    for name, _, wl, memio in rows:
+        io = cal.fig34_io(name)
+        assert abs(sum(io) / 1e6 - memio) <= 0.0005, (name, io, memio)
+    # by hand: res3b_branch2a, a 1x1 512 -> 128 conv on 28x28: 65,536 + 128 parameter bytes, 28·28·512 in, ·128 out
+    assert cal.fig34_io("res3b_branch2a") == (65_664, 401_408, 100_352)
+    # res4a (branch1 512 -> 1024 and the add): the 14x14x512 downsampled input and branch2c's output are read
+    assert cal.fig34_io("res4a") == (525_312, 14 * 14 * (512 + 1024), 14 * 14 * 1024)
+    assert cal.fig34_io("fake_downsample_3") == (0, 28 * 28 * 256, 28 * 28 * 256)
+    with pytest.raises(ValueError, match="'pool5' is not a Figure 34 subgraph"):
+        cal.fig34_io("pool5")
+
+
+def _fig34_rows(scale=1.0, fuse=False):
+    """Synthetic profile rows: one layer per conv of Figure 34's rows with LdWB = its parameters x `scale`."""
+    rows, ops = [], {}
+    for name, *_ in cal.UG1414_FIG34:
+        p = cal.fig34_io(name)[0]
+        if not p:
+            continue
+        conv = name if "branch" in name else name + ("_branch1" if name.endswith("a") else "_branch2c")
+        rows.append({"level": "layer", "subgraph": "subgraph_" + conv, "ldwb_mb": p * scale / 2 ** 20})
+        ops["subgraph_" + conv] = [conv, conv + "_relu"]
+    if fuse:                                             # res2c_branch2a and _branch2b as one layer
+        rows = [r for r in rows if r["subgraph"] != "subgraph_res2c_branch2b"]
+        rows[[r["subgraph"] for r in rows].index("subgraph_res2c_branch2a")]["ldwb_mb"] = (16_448 + 36_928) / 2 ** 20
+        ops["subgraph_res2c_branch2a"] = ["res2c_branch2a", "res2c_branch2b"]
+    return rows, ops
+
+
+def test_compare_fig34_by_hand():
+    cmp = cal.compare_fig34(*_fig34_rows())
+    assert len(cmp) == 27 and all(c.ok for c in cmp)                # the 4 fake_downsample rows have no parameters
+    assert max(abs(c.amd_ldwb - c.params) for c in cmp) <= 500       # Mem IO printed to 1,000 bytes
+    assert not any(c.ok for c in cal.compare_fig34(*_fig34_rows(1.06)))
+    assert all(c.ok for c in cal.compare_fig34(*_fig34_rows(1.04)))
+    fused = cal.compare_fig34(*_fig34_rows(fuse=True))
+    g = next(c for c in fused if c.rows == 2)
+    assert g.name == "res2c_branch2a + res2c_branch2b" and g.params == 16_448 + 36_928 and g.ok
+    assert "LdWB within 5 %: 27/27 rows" in cal.format_fig34(cmp)
+
+
 @pytest.mark.parametrize("layer,row", [
     ("subgraph_conv1", "conv1"), ("pool1", "conv1"), ("res2a_branch2a", "res2a_branch2a"),
     ("res2a_branch2c", "res2a_branch2c"), ("res2a_branch1", "res2a"), ("res2a", "res2a"),
