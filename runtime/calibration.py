@@ -187,6 +187,16 @@ def compare_fig34(rows: list[dict], ops: dict[str, list[str]]) -> list[LdwbCheck
     return out
 
 
+def fig34_rt(cmp: list[RowComparison]) -> list[tuple[str, float, float]]:
+    """(row, Figure 34 average ms, ours ms) for the Figure 37 comparison rows (`compare_resnet50`, with the per-row
+    overhead already added) that Figure 34 lists as the same computation: one row each, not a block whose layers
+    the older tools (and we) back-propagate the downsample into (res2c, res3d, res4f: Figure 34 runs them full
+    size). An out-of-sample check of the timing fitted on Figure 37."""
+    f34 = {r[0]: r[1] for r in UG1414_FIG34}
+    return [(c.name, f34[c.name], c.rt) for c in cmp
+            if c.rows == 1 and c.name in f34 and c.name[:5] not in _BP_ROWS]
+
+
 def format_fig34(checks: list[LdwbCheck]) -> str:
     lines = [f"{'Figure 34 row':32s} {'Mem IO':>7s} {'maps':>9s} {'LdWB AMD':>9s} {'ours':>9s} {'params':>9s} "
              f"{'ours/AMD':>8s}"]

@@ -69,6 +69,18 @@ def test_compare_fig34_by_hand():
     assert "LdWB within 5 %: 27/27 rows" in cal.format_fig34(cmp)
 
 
+def test_fig34_rt_rows_by_hand():
+    """The Figure 37 rows Figure 34 lists as the same computation: 21 (res2b; stage 3 but res3d; stage 4's a-c),
+    not the blocks whose downsample is back-propagated (res2c, res3d)."""
+    rows = cal.fig34_rt(cal.compare_resnet50(_rows(rt=0.3)))
+    assert [n for n, _, _ in rows] == ["res2b", "res3a_branch2a", "res3a_branch2b", "res3a_branch2c", "res3a",
+                                       "res3b_branch2a", "res3b_branch2b", "res3b", "res3c_branch2a", "res3c_branch2b",
+                                       "res3c", "res4a_branch2a", "res4a_branch2b", "res4a_branch2c", "res4a",
+                                       "res4b_branch2a", "res4b_branch2b", "res4b", "res4c_branch2a",
+                                       "res4c_branch2b", "res4c"]
+    assert rows[5] == ("res3b_branch2a", 0.216, 0.3)
+
+
 @pytest.mark.parametrize("layer,row", [
     ("subgraph_conv1", "conv1"), ("pool1", "conv1"), ("res2a_branch2a", "res2a_branch2a"),
     ("res2a_branch2c", "res2a_branch2c"), ("res2a_branch1", "res2a"), ("res2a", "res2a"),
