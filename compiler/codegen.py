@@ -2480,6 +2480,22 @@ def _tokens(t: Target, ins: list[Instruction], exact: bool, keys: list[tuple[set
     planner = (ExactTokenPlanner if exact else TokenPlanner)(t, line_chunk=TOKEN_LINES, ddr_chunk=64)
     last_save = max(i for i, x in enumerate(ins) if x.op == "SAVE")
     out = list(ins)
+    if isinstance(planner, ExactTokenPlanner):      # the same tokens as the loop below, in one compiled key pass
+        steps: list[tuple[str, tuple[set, set], int | None]] = []
+        i = 0
+        while i < len(ins):
+            x = ins[i]
+            if x.op != "END" and i + 1 < last_save and _pairable(x, ins[i + 1]):
+                (r1, w1), (r2, w2) = keys[i], keys[i + 1]
+                steps += [("SAVE", (r1 | r2, w1 | w2), 0), ("SAVE", (r2, w2), 1)]
+                out[i] = replace(x, fields=dict(x.fields, hp_id=0))
+                out[i + 1] = replace(ins[i + 1], fields=dict(ins[i + 1].fields, hp_id=1))
+                i += 2
+                continue
+            steps.append((x.op, (set(), set()) if x.op == "END" else keys[i], None))
+            i += 1
+        planner.add_all(steps, last_save)
+        return [replace(x, dpdon=planner.dpdon[k], dpdby=planner.dpdby[k]) for k, x in enumerate(out)]
     i = 0
     while i < len(ins):
         x = ins[i]

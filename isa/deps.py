@@ -15,6 +15,7 @@ signal earlier in program order, and signals equal waits on every pair: the prog
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -483,6 +484,68 @@ class ExactTokenPlanner:
         out = self._resolve(i, C, need, v)
         self.hb[i] = _clock4(v)
         return out
+
+    def add_all(self, steps: Sequence[tuple[str, tuple[set, set], int | None]], after_all: int = -1) -> None:
+        """On a new planner: `add(op, keys=keys, pair=pair)` for every step in order (an END: `wait=False`, no keys),
+        with `order_after_all(after_all)` right after that step. The same tokens as those calls; the per-key
+        bookkeeping of all steps is one compiled pass over dense keys (isa/_deps_kernel.py), so this planner's own
+        per-key state is left empty (`needs` / `add` after it would not see these steps)."""
+        from ._deps_kernel import exact_needs
+        if len(self.dpdon):
+            raise TokenError("add_all needs a new planner", len(self.dpdon))
+        n = len(steps)
+        flat = [s for _, rw, _ in steps for s in rw]
+        ptr = np.zeros(2 * n + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, flat), np.int64, 2 * n), out=ptr[1:])
+        a = np.fromiter(itertools.chain.from_iterable(flat), np.int64, int(ptr[-1]))
+        dense = a.copy()
+        bank = a >= 0
+        total = int(a[bank].max()) + 1 if bank.any() else 0
+        if not bank.all():                           # DDR keys: each register's chunks after the bank lines
+            enc = -1 - a[~bank]
+            reg, ch = enc >> 40, enc & ((1 << 40) - 1)
+            d = np.empty_like(enc)
+            for r in np.unique(reg).tolist():
+                m = reg == r
+                d[m] = total + ch[m]
+                total += int(ch[m].max()) + 1
+            dense[~bank] = d
+        eng = np.fromiter((_ENGINE_NUM[op] for op, _, _ in steps), np.int64, n)
+        need_all = exact_needs(eng, ptr, dense, total) if n else np.zeros((0, 4), np.int64)
+        for i, (op, (R, W), pair) in enumerate(steps):
+            e = int(eng[i])
+            wait = op != "END"
+            b = 1 << e
+            on, by = b, b
+            row = need_all[i].tolist()
+            row[e] = -1
+            if pair is not None:
+                _check_pair(op, pair, self.pair_open, i)
+                if pair == 1:
+                    v = self._clock(e)
+                    if (R or W) and any(row[P] > v[P] for P in range(4)):
+                        raise TokenError("the second SAVE of a pair would need a wait of its own; the first SAVE "
+                                         "waits for both", i)
+                    wait = False
+                on, by = (b, 0) if pair == 0 else (0, b)
+            v = self._clock(e)
+            need = row if wait and (R or W) else None
+            if need is not None and pair is None and self.pair_open and need[_SAVE] > v[_SAVE]:
+                raise TokenError(f"{op} conflicts with an open SAVE pair and cannot wait on it", i)
+            self.dpdon.append(on)
+            self.dpdby.append(by)
+            self.engine.append(ENGINES[e])
+            self.hb.append((-1, -1, -1, -1))
+            if need is not None:
+                self._resolve(i, e, need, v)
+            self.hb[i] = _clock4(v)
+            if pair == 1:
+                self._partner[self._last[e]] = i
+            self._last[e] = i
+            if pair is not None:
+                self.pair_open = pair == 0
+            if i == after_all:
+                self.order_after_all(i)
 
     def add(self, op: str, fp: Footprint | None = None, *, keys: tuple[set, set] | None = None,
             wait: bool = True, pair: int | None = None) -> Step:

@@ -153,3 +153,61 @@ def test_random_programs_race_free_and_faster(tname):
                 stripped += len(find_races(own, fps, t))
     assert cycles[ExactTokenPlanner] < cycles[TokenPlanner], cycles
     assert stripped > 0
+
+
+@pytest.mark.parametrize("tname", sorted(TARGETS))
+def test_add_all_places_the_tokens_add_places(tname):
+    """`add_all` (one compiled pass over the keys) against `add` step by step on random programs with SAVE pairs:
+    the same dpdon / dpdby on every instruction; and the same TokenErrors."""
+    t = TARGETS[tname]
+    compared = pairs = 0
+    for seed in range(8):
+        p = random_program(t, n=120, seed=100 + seed)
+        fps = program_footprints(p.instructions, t, p.reg_sizes)
+        one = ExactTokenPlanner(t, line_chunk=8, ddr_chunk=64)
+        steps, ins_ = [], p.instructions
+        last_save = max(k for k, x in enumerate(ins_) if x.op == "SAVE")
+        i = 0
+        while i < len(ins_):
+            x = ins_[i]
+            if x.op == "SAVE" and i + 1 < last_save and ins_[i + 1].op == "SAVE" and x.fields["bank_id"] != \
+                    ins_[i + 1].fields["bank_id"] and seed % 2:
+                (r1, w1), (r2, w2) = one.keys(fps[i]), one.keys(fps[i + 1])
+                steps += [("SAVE", (r1 | r2, w1 | w2), 0), ("SAVE", (r2, w2), 1)]
+                i += 2
+                continue
+            steps.append((x.op, (set(), set()) if x.op == "END" else one.keys(fps[i]), None))
+            i += 1
+        err_one = err_batch = None
+        try:
+            for op, keys, pair in steps:
+                if op == "END":
+                    one.add("END", wait=False)
+                else:
+                    one.add(op, keys=keys, pair=pair)
+                if len(one) - 1 == last_save:
+                    one.order_after_all(last_save)
+        except TokenError as e:
+            err_one = str(e)
+        batch = ExactTokenPlanner(t, line_chunk=8, ddr_chunk=64)
+        try:
+            batch.add_all(steps, last_save)
+        except TokenError as e:
+            err_batch = str(e)
+        assert err_batch == err_one, (tname, seed)
+        if err_one is None:
+            assert (batch.dpdon, batch.dpdby) == (one.dpdon, one.dpdby), (tname, seed)
+            compared += 1
+        pairs += sum(pair is not None for _, _, pair in steps)
+    assert compared >= 6 and pairs > 0
+    t = TARGETS["B512"]
+    st = InitState()
+    s1, s2 = ins("SAVE", bank_id=0, channel=8, ddr_addr=0), ins("SAVE", bank_id=1, channel=8, ddr_addr=64)
+    ld = ins("LOAD", bank_id=1, length=1, channel=8, reg_id=1)
+    ex = ExactTokenPlanner(t)
+    k = [ex.keys(footprint(x, st, t)) for x in (s1, ld, s2)]
+    with pytest.raises(TokenError, match="wait of its own"):
+        ExactTokenPlanner(t).add_all([("SAVE", k[0], 0), ("LOAD", k[1], None), ("SAVE", k[2], 1)])
+    with pytest.raises(TokenError, match="new planner"):
+        ex.add("LOAD", footprint(ld, st, t))
+        ex.add_all([("LOAD", k[1], None)])
