@@ -29,10 +29,10 @@ from opendpu.compiler.fixpoint import (FixPointError, LEAKY_ALPHA, avg_pool_fact
 from opendpu.compiler.program import DdrImage, DpuProgram, Layer
 from opendpu.compiler.xir.dpu_abi import CONST, INTERFACE, WORKSPACE, Register, RegisterMap
 from opendpu.compiler.xir.graph import Graph, Op, Tensor
-from opendpu.isa.deps import ExactTokenPlanner, KeySpace, TokenPlanner
+from opendpu.isa.deps import DenseKeys, ExactTokenPlanner, KeySpace, TokenPlanner
 from opendpu.isa.errors import OpenDpuError
 from opendpu.isa.fields import FIELDS
-from opendpu.isa.footprint import InitState, footprint_of
+from opendpu.isa.footprint import Footprint, InitState, footprint_of
 from opendpu.isa.program import Instruction
 from opendpu.isa.target import Target
 
@@ -1070,7 +1070,7 @@ def _program_cost(t: Target, ins: list[Instruction], layer_of: list[int], prefet
     keys = _footprint_keys(t, ins, _scratch_regs(ins))
     if prefetch:
         order = _prefetch_layers(ins, layer_of, keys)
-        ins, keys = [ins[k] for k in order], [keys[k] for k in order]
+        ins, keys = [ins[k] for k in order], keys.permuted(order)
     return _cycles(cycles, t, _tokens(t, ins, True, keys) if any(x.op == "SAVE" for x in ins) else ins)
 
 
@@ -2109,7 +2109,7 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
         perm = _prefetch_layers(c.s.ins, c.s.layer_of, keys)
         c.s.ins = [c.s.ins[j] for j in perm]
         c.s.layer_of = [c.s.layer_of[j] for j in perm]
-        keys = [keys[j] for j in perm]
+        keys = keys.permuted(perm)
         span: dict[int, list[int]] = {}
         for pos, li in enumerate(c.s.layer_of):
             span.setdefault(li, [pos, pos])[1] = pos
@@ -2398,21 +2398,22 @@ _INIT_OPS = ("CONVINIT", "ALUINIT", "ELEWINIT")
 PREFETCH_PER_SLOT = 3        # prefetched LOADs after one compute instruction: fewer than the 4-deep LOAD queue
 
 
-def _footprint_keys(t: Target, ins: list[Instruction], reg_sizes: dict[int, int]) -> list[tuple[set, set]]:
-    """(read keys, write keys) of every instruction in the token planner's key space (8-line / 64-byte chunks)."""
+def _footprint_keys(t: Target, ins: list[Instruction], reg_sizes: dict[int, int]) -> DenseKeys:
+    """The read and write keys of every instruction in the token planner's key space (8-line / 64-byte chunks),
+    dense (isa.deps.DenseKeys)."""
     space = KeySpace(t, line_chunk=TOKEN_LINES, ddr_chunk=64)
     state = InitState()
-    keys: list[tuple[set, set]] = []
+    fps: list[Footprint | None] = []
     for x in ins:
         if x.op == "END":
-            keys.append((set(), set()))
+            fps.append(None)
             continue
-        keys.append(space.footprint_keys(footprint_of(x.op, x.fields, state, t, reg_sizes)))
+        fps.append(footprint_of(x.op, x.fields, state, t, reg_sizes))
         state.update(x.op, x.fields)
-    return keys
+    return DenseKeys.of_footprints(space, fps)
 
 
-def _prefetch_layers(ins: list[Instruction], layer_of: list[int], keys: list[tuple[set, set]]) -> list[int]:
+def _prefetch_layers(ins: list[Instruction], layer_of: list[int], keys: DenseKeys) -> list[int]:
     """Cross-layer prefetch (vai-c-program-patterns §7 item 4): the LOADs that open a layer (bias, weights, its
     first strip's rows: the LOADs before its first other non-INIT instruction) move up into the previous layer's
     tail, the instructions after the LOAD engine's last earlier LOAD, spread after its CONV / ALU / ELEW
@@ -2423,6 +2424,7 @@ def _prefetch_layers(ins: list[Instruction], layer_of: list[int], keys: list[tup
     out: list[int] = []
     last_load = -1                                       # position in `out` of the latest LOAD
     n = len(ins)
+    mark = np.zeros(max(1, keys.total), np.int8)         # scratch of `last_conflict`
     i = 0
     while i < n:
         j = i
@@ -2438,17 +2440,14 @@ def _prefetch_layers(ins: list[Instruction], layer_of: list[int], keys: list[tup
         if head and i > 0 and r0 < len(out):
             moved = set(head)
             region = out[r0:]
+            region_a = np.asarray(region, np.int64)
             comp = [p for p, x in enumerate(region) if ins[x].op in _COMPUTE_OPS]
             slots: dict[int, list[int]] = {}             # region position before which LOADs go (len: the end)
             floor = 0
             for m, h in enumerate(head):
-                rh, wh = keys[h]
-                e = floor
-                for p in range(len(region) - 1, floor - 1, -1):
-                    rx, wx = keys[region[p]]
-                    if (wh and (not wh.isdisjoint(rx) or not wh.isdisjoint(wx))) or (rh and not rh.isdisjoint(wx)):
-                        e = p + 1
-                        break
+                # after the last region instruction h conflicts with (h writes what it reads or writes, or reads
+                # what it writes)
+                e = keys.last_conflict(h, region_a, floor, mark)
                 want = comp[m * len(comp) // len(head)] + 1 if comp else len(region)
                 pos = max(e, want)
                 while pos < len(region) and (ins[region[pos - 1]].op not in _COMPUTE_OPS
@@ -2473,7 +2472,7 @@ def _prefetch_layers(ins: list[Instruction], layer_of: list[int], keys: list[tup
     return out
 
 
-def _tokens(t: Target, ins: list[Instruction], exact: bool, keys: list[tuple[set, set]]) -> list[Instruction]:
+def _tokens(t: Target, ins: list[Instruction], exact: bool, keys: DenseKeys) -> list[Instruction]:
     """Place dpdon/dpdby from the footprint keys (isa.deps.TokenPlanner / ExactTokenPlanner); the last SAVE waits
     for all work. Adjacent SAVEs of different banks go out as pairs (hp_id 0 waits for both, hp_id 1 signals for
     both), except the last SAVE, which must carry the final waits itself."""
@@ -2481,20 +2480,28 @@ def _tokens(t: Target, ins: list[Instruction], exact: bool, keys: list[tuple[set
     last_save = max(i for i, x in enumerate(ins) if x.op == "SAVE")
     out = list(ins)
     if isinstance(planner, ExactTokenPlanner):      # the same tokens as the loop below, in one compiled key pass
-        steps: list[tuple[str, tuple[set, set], int | None]] = []
+        ops: list[str] = []
+        pairs: list[int | None] = []
+        lo: list[int] = []
+        hi: list[int] = []
         i = 0
         while i < len(ins):
             x = ins[i]
             if x.op != "END" and i + 1 < last_save and _pairable(x, ins[i + 1]):
-                (r1, w1), (r2, w2) = keys[i], keys[i + 1]
-                steps += [("SAVE", (r1 | r2, w1 | w2), 0), ("SAVE", (r2, w2), 1)]
+                ops += ["SAVE", "SAVE"]                 # the first waits for both: the union of their keys
+                pairs += [0, 1]
+                lo += [i, i + 1]
+                hi += [i + 2, i + 2]
                 out[i] = replace(x, fields=dict(x.fields, hp_id=0))
                 out[i + 1] = replace(ins[i + 1], fields=dict(ins[i + 1].fields, hp_id=1))
                 i += 2
                 continue
-            steps.append((x.op, (set(), set()) if x.op == "END" else keys[i], None))
+            ops.append(x.op)
+            pairs.append(None)
+            lo.append(i)
+            hi.append(i if x.op == "END" else i + 1)
             i += 1
-        planner.add_all(steps, last_save)
+        planner.add_dense(ops, pairs, lo, hi, keys, last_save)
         return [replace(x, dpdon=planner.dpdon[k], dpdby=planner.dpdby[k]) for k, x in enumerate(out)]
     i = 0
     while i < len(ins):
@@ -2505,14 +2512,14 @@ def _tokens(t: Target, ins: list[Instruction], exact: bool, keys: list[tuple[set
             continue
         if i + 1 < last_save and _pairable(x, ins[i + 1]):
             y = ins[i + 1]
-            (r1, w1), (r2, w2) = keys[i], keys[i + 1]
+            (r1, w1), (r2, w2) = keys.sets(i), keys.sets(i + 1)
             planner.add("SAVE", keys=(r1 | r2, w1 | w2), pair=0)
             planner.add("SAVE", keys=(r2, w2), pair=1)
             out[i] = replace(x, fields=dict(x.fields, hp_id=0))
             out[i + 1] = replace(y, fields=dict(y.fields, hp_id=1))
             i += 2
             continue
-        planner.add(x.op, keys=keys[i])
+        planner.add(x.op, keys=keys.sets(i))
         if i == last_save:
             planner.order_after_all(i)
         i += 1

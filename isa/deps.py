@@ -171,6 +171,91 @@ class KeySpace:
         return self.keys(fp.reads), self.keys(fp.writes)
 
 
+@dataclass(frozen=True)
+class DenseKeys:
+    """The keys of a stream of instructions (a `KeySpace`'s bank-line and DDR chunks) as dense indices below
+    `total`, two segments per instruction: instruction k reads keys[ptr[2k]:ptr[2k+1]] and writes
+    keys[ptr[2k+1]:ptr[2k+2]]. What `ExactTokenPlanner.add_dense` and the compiler's prefetch pass read, without a
+    Python set per access."""
+
+    ptr: np.ndarray
+    keys: np.ndarray
+    total: int
+
+    def __len__(self) -> int:
+        return (len(self.ptr) - 1) // 2
+
+    def empty(self, k: int) -> bool:
+        return self.ptr[2 * k + 2] == self.ptr[2 * k]
+
+    def sets(self, k: int) -> tuple[set[int], set[int]]:
+        """Instruction k's (read, write) dense keys as sets (for tests and messages)."""
+        p = self.ptr
+        return set(self.keys[p[2 * k]:p[2 * k + 1]].tolist()), set(self.keys[p[2 * k + 1]:p[2 * k + 2]].tolist())
+
+    def last_conflict(self, h: int, region: np.ndarray, floor: int, mark: np.ndarray) -> int:
+        """1 + the last position p >= floor of `region` (instruction indices) whose instruction conflicts with
+        instruction h (h writes what it reads or writes, or reads what it writes), else floor. `mark`: zeroed int8
+        scratch of `total` entries, left zeroed."""
+        from ._deps_kernel import last_conflict
+        return int(last_conflict(self.ptr, self.keys, mark, h, region, floor))
+
+    def permuted(self, order: Sequence[int]) -> "DenseKeys":
+        """The keys of instructions order[0], order[1], ..."""
+        from ._deps_kernel import permute
+        ptr, keys = permute(self.ptr, self.keys, np.asarray(order, np.int64))
+        return DenseKeys(ptr, keys, self.total)
+
+    @staticmethod
+    def of_footprints(space: KeySpace, fps: Sequence[Footprint | None]) -> "DenseKeys":
+        """The keys `space.footprint_keys` gives each footprint (None: no access), made dense: bank keys as they
+        are (bank·chunks + chunk), then each DDR register's chunks."""
+        from ._deps_kernel import expand
+        rows: list[tuple[int, int, int, int, int, int]] = []
+        run_ptr = [0]
+        for fp in fps:
+            for acc in ((fp.reads, fp.writes) if fp is not None else ((), ())):
+                if acc:
+                    rows.extend((0, *r) for r in acc.lines)
+                    rows.extend((1, *r) for r in acc.ddr)
+                run_ptr.append(len(rows))
+        runs = np.array(rows, np.int64).reshape(-1, 6)
+        nch = space.nch
+        live = (runs[:, 3] > 0) & (runs[:, 5] > 0)
+        lines, ddr = runs[live & (runs[:, 0] == 0)], runs[live & (runs[:, 0] == 1)]
+        total = (int(lines[:, 1].max()) + 1) * nch if len(lines) else 0
+        reg_off = np.zeros(int(ddr[:, 1].max()) + 1 if len(ddr) else 1, np.int64)
+        if len(ddr):
+            last = (ddr[:, 2] + (ddr[:, 3] - 1) * ddr[:, 4] + ddr[:, 5] - 1) // space.ddr_chunk
+            for r in np.unique(ddr[:, 1]).tolist():
+                reg_off[r] = total
+                total += int(last[ddr[:, 1] == r].max()) + 1
+        ptr, keys = expand(np.array(run_ptr, np.int64), runs, nch, space.line_chunk, space.ddr_chunk, reg_off,
+                           total)
+        return DenseKeys(ptr, keys, total)
+
+    @staticmethod
+    def of_sets(space_keys: Sequence[tuple[set, set]]) -> "DenseKeys":
+        """Dense keys of `KeySpace.keys` sets, per instruction (read set, write set)."""
+        flat = [s for rw in space_keys for s in rw]
+        ptr = np.zeros(len(flat) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, flat), np.int64, len(flat)), out=ptr[1:])
+        a = np.fromiter(itertools.chain.from_iterable(flat), np.int64, int(ptr[-1]))
+        dense = a.copy()
+        bank = a >= 0
+        total = int(a[bank].max()) + 1 if bank.any() else 0
+        if not bank.all():                           # DDR keys: each register's chunks after the bank lines
+            enc = -1 - a[~bank]
+            reg, ch = enc >> 40, enc & ((1 << 40) - 1)
+            d = np.empty_like(enc)
+            for r in np.unique(reg).tolist():
+                m = reg == r
+                d[m] = total + ch[m]
+                total += int(ch[m].max()) + 1
+            dense[~bank] = d
+        return DenseKeys(ptr, dense, total)
+
+
 # ---- placing tokens ----------------------------------------------------------------------------------
 def _check_pair(op: str, pair: int, pair_open: bool, i: int) -> None:
     """The SAVE-pair protocol of both planners: `pair` 0 opens a pair of SAVEs, 1 closes the open one."""
@@ -487,32 +572,28 @@ class ExactTokenPlanner:
 
     def add_all(self, steps: Sequence[tuple[str, tuple[set, set], int | None]], after_all: int = -1) -> None:
         """On a new planner: `add(op, keys=keys, pair=pair)` for every step in order (an END: `wait=False`, no keys),
-        with `order_after_all(after_all)` right after that step. The same tokens as those calls; the per-key
-        bookkeeping of all steps is one compiled pass over dense keys (isa/_deps_kernel.py), so this planner's own
-        per-key state is left empty (`needs` / `add` after it would not see these steps)."""
+        with `order_after_all(after_all)` right after that step: `add_dense` over the steps' key sets."""
+        dk = DenseKeys.of_sets([k for _, k, _ in steps])
+        idx = list(range(len(steps)))
+        self.add_dense([op for op, _, _ in steps], [p for _, _, p in steps], idx, [i + 1 for i in idx], dk, after_all)
+
+    def add_dense(self, ops: Sequence[str], pairs: Sequence[int | None], lo: Sequence[int], hi: Sequence[int],
+                  dk: DenseKeys, after_all: int = -1) -> None:
+        """On a new planner, one step per op: step s has the keys of instructions lo[s]..hi[s]-1 of `dk` (a SAVE
+        pair's first step both SAVEs', as `add` is given their union) and pair mark pairs[s]. The same tokens as
+        `add(ops[s], keys=..., pair=pairs[s])` step by step (an END: `wait=False`), with `order_after_all(after_all)`
+        right after that step; the per-key bookkeeping of all steps is one compiled pass (isa/_deps_kernel.py), so
+        this planner's own per-key state stays empty (`needs` / `add` after it would not see these steps)."""
         from ._deps_kernel import exact_needs
         if len(self.dpdon):
             raise TokenError("add_all needs a new planner", len(self.dpdon))
-        n = len(steps)
-        flat = [s for _, rw, _ in steps for s in rw]
-        ptr = np.zeros(2 * n + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, flat), np.int64, 2 * n), out=ptr[1:])
-        a = np.fromiter(itertools.chain.from_iterable(flat), np.int64, int(ptr[-1]))
-        dense = a.copy()
-        bank = a >= 0
-        total = int(a[bank].max()) + 1 if bank.any() else 0
-        if not bank.all():                           # DDR keys: each register's chunks after the bank lines
-            enc = -1 - a[~bank]
-            reg, ch = enc >> 40, enc & ((1 << 40) - 1)
-            d = np.empty_like(enc)
-            for r in np.unique(reg).tolist():
-                m = reg == r
-                d[m] = total + ch[m]
-                total += int(ch[m].max()) + 1
-            dense[~bank] = d
-        eng = np.fromiter((_ENGINE_NUM[op] for op, _, _ in steps), np.int64, n)
-        need_all = exact_needs(eng, ptr, dense, total) if n else np.zeros((0, 4), np.int64)
-        for i, (op, (R, W), pair) in enumerate(steps):
+        n = len(ops)
+        eng = np.fromiter((_ENGINE_NUM[op] for op in ops), np.int64, n)
+        lo_a, hi_a = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+        need_all = exact_needs(eng, lo_a, hi_a, dk.ptr, dk.keys, dk.total) if n else np.zeros((0, 4), np.int64)
+        nonempty = (dk.ptr[2 * hi_a] > dk.ptr[2 * lo_a]).tolist() if n else []
+        for i in range(n):
+            op, pair = ops[i], pairs[i]
             e = int(eng[i])
             wait = op != "END"
             b = 1 << e
@@ -523,13 +604,13 @@ class ExactTokenPlanner:
                 _check_pair(op, pair, self.pair_open, i)
                 if pair == 1:
                     v = self._clock(e)
-                    if (R or W) and any(row[P] > v[P] for P in range(4)):
+                    if any(row[P] > v[P] for P in range(4)):
                         raise TokenError("the second SAVE of a pair would need a wait of its own; the first SAVE "
                                          "waits for both", i)
                     wait = False
                 on, by = (b, 0) if pair == 0 else (0, b)
             v = self._clock(e)
-            need = row if wait and (R or W) else None
+            need = row if wait and nonempty[i] else None
             if need is not None and pair is None and self.pair_open and need[_SAVE] > v[_SAVE]:
                 raise TokenError(f"{op} conflicts with an open SAVE pair and cannot wait on it", i)
             self.dpdon.append(on)

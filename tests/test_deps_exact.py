@@ -211,3 +211,41 @@ def test_add_all_places_the_tokens_add_places(tname):
     with pytest.raises(TokenError, match="new planner"):
         ex.add("LOAD", footprint(ld, st, t))
         ex.add_all([("LOAD", k[1], None)])
+
+
+@pytest.mark.parametrize("tname", sorted(TARGETS))
+def test_dense_keys_are_the_key_sets(tname):
+    """`DenseKeys.of_footprints` (compiled run expansion) names the same keys as `KeySpace.footprint_keys`: per
+    instruction as many distinct keys, and every two accesses share a key exactly when their key sets do; and
+    `last_conflict` finds the instruction the set test finds."""
+    import numpy as np
+
+    from opendpu.isa.deps import DenseKeys, KeySpace
+    t = TARGETS[tname]
+    for seed, (lc, dc) in enumerate([(8, 64), (1, 1), (8, 64)]):
+        p = random_program(t, n=80, seed=300 + seed)
+        fps = program_footprints(p.instructions, t, p.reg_sizes)
+        space = KeySpace(t, line_chunk=lc, ddr_chunk=dc)
+        sets = [space.footprint_keys(f) for f in fps]
+        dk = DenseKeys.of_footprints(space, fps)
+        dense = [dk.sets(k) for k in range(len(fps))]
+        acc = [s for rw in sets for s in rw]
+        dacc = [s for rw in dense for s in rw]
+        assert [len(s) for s in acc] == [len(s) for s in dacc]
+        for i in range(len(acc)):
+            for j in range(i + 1, len(acc)):
+                assert acc[i].isdisjoint(acc[j]) == dacc[i].isdisjoint(dacc[j]), (seed, i, j)
+        assert sum(len(s) for s in acc) > 100
+        mark = np.zeros(dk.total, np.int8)
+        region = np.arange(len(fps) - 1, dtype=np.int64)
+        for h in range(0, len(fps), 7):
+            rh, wh = sets[h]
+            want = 0
+            for q in range(len(region) - 1, -1, -1):
+                rx, wx = sets[int(region[q])]
+                if not (wh.isdisjoint(rx) and wh.isdisjoint(wx) and rh.isdisjoint(wx)):
+                    want = q + 1
+                    break
+            assert dk.last_conflict(h, region, 0, mark) == want and not mark.any()
+        order = list(range(len(fps)))[::-1]
+        assert [dk.permuted(order).sets(k) for k in range(len(fps))] == dense[::-1]
