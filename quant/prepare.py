@@ -861,9 +861,11 @@ class _Prep:
         x = self.src(node, node.inputs[0])
         s = int(node.attrs.get("blocksize", 0))
         out = self.shape(node.outputs[0])
+        if s < 1:
+            raise self.err(node, f"{node.op_type} blocksize {s} is not a positive integer")
         n, c, h, w = (list(x.shape) + [0] * 4)[:4]
         want = [n, c // (s * s), h * s, w * s] if reverse else [n, c * s * s, h // s, w // s]
-        if len(x.shape) != 4 or s < 1 or out != want or (c % (s * s) if reverse else h % s or w % s):
+        if len(x.shape) != 4 or out != want or (c % (s * s) if reverse else h % s or w % s):
             raise self.err(node, f"{node.op_type} blocksize {s} of {x.shape} to {out} is not a whole reorg")
         self.add(QNode(node.name, "tile", [x.name], out, {"stride": s, "reverse": reverse}, sources=[node.name]),
                  node.outputs[0])

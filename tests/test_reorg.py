@@ -126,3 +126,35 @@ def test_bad_tile_fix_is_a_clear_error(attrs, out, msg):
     with pytest.raises(FrontendError) as e:
         fe.canonicalize(g2)
     assert "'reorg'" in str(e.value) and msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_reorg_beyond_the_channel_limit_runs_on_the_cpu(tmp_path):
+    """UG1414's reorg limit: space-to-depth needs stride²·C ≤ 256·CP. 4 x 600 channels exceed B512's 2,048, so the
+    rules put the reorg on the CPU (its float form `reorg`, with the reason; the conv reading its 2,400 channels
+    too), after the DPU subgraph of conv1, and the compiled xmodel on the cycle model still gives the quantized
+    graph's output on the reference."""
+    from onnx import TensorProto, helper as oh, numpy_helper
+
+    from opendpu.compiler.pipeline import compile as compile_graph
+    r = np.random.default_rng(3)
+    inits = {"w1": r.normal(0, .2, (600, 4, 1, 1)), "w2": r.normal(0, .05, (8, 2400, 1, 1))}
+    N = oh.make_node
+    nodes = [N("Conv", ["x", "w1"], ["c1"], name="conv1"), N("SpaceToDepth", ["c1"], ["s"], blocksize=2, name="reorg"),
+             N("Conv", ["s", "w2"], ["y"], name="conv2")]
+    g = oh.make_graph(nodes, "big", [oh.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 4])],
+                      [oh.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 2, 2])],
+                      [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    m.ir_version = 8
+    res = quantize(m, r.normal(0, 1, (4, 4, 4, 4)).astype(np.float32), config=QuantConfig(method="maxmin"),
+                   target="DPUCZDX8G_ISA1_B512")
+    (n,) = [n for n in res.prep.nodes if n.name == "reorg"]
+    assert n.device == "CPU" and "256*CP = 2048" in n.reason
+    q = Graph.deserialize(res.xmodel().serialize())
+    assert q.ops["reorg"].type == "reorg"
+    c = compile_graph(q, "DPUCZDX8G_ISA1_B512", name="big").graph
+    assert [s.device for s in c.toposort_child_subgraphs()] == ["USER", "DPU", "CPU"]
+    x = [np.random.default_rng(4).integers(-128, 128, (1, 4, 4, 4), dtype=np.int8)]
+    want = GraphRunner(q, backend="ref").run(x).outputs
+    got = GraphRunner(c, backend="sim", seed=1).run(x).outputs
+    assert all(np.array_equal(np.asarray(got[k]), np.asarray(v)) for k, v in want.items())
