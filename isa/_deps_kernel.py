@@ -13,17 +13,28 @@ from numba import njit  # noqa: E402
 
 
 @njit(cache=True)
+def _rows(count, step, width, chunk):
+    """1 when a run's gaps are shorter than a chunk (its hull has the same keys), else its number of blocks."""
+    return 1 if (count == 1 or step - width < chunk) else count
+
+
+@njit(cache=True)
+def _span(start, count, step, width, r, rows):
+    """[lo, hi) of block r of a run, or of its hull when rows is 1."""
+    if rows == 1:
+        return start, start + (count - 1) * step + width
+    return start + r * step, start + r * step + width
+
+
+@njit(cache=True)
 def _line_spans(start, count, step, width, lc, nch, out):
     """`KeySpace._line_chunks`: [a, b) chunk spans of a run of lines modulo the depth, into out; their number."""
     if count <= 0 or width <= 0:
         return 0
     k = 0
-    rows = 1 if (count == 1 or step - width < lc) else count
+    rows = _rows(count, step, width, lc)
     for r in range(rows):
-        if rows == 1:
-            lo, hi = start, start + (count - 1) * step + width
-        else:
-            lo, hi = start + r * step, start + r * step + width
+        lo, hi = _span(start, count, step, width, r, rows)
         c0 = lo // lc
         n = (hi - 1) // lc - c0 + 1
         if n >= nch:
@@ -58,7 +69,7 @@ def expand(run_ptr, runs, nch, lc, dc, reg_off, total):
                 if count <= 0 or width <= 0:
                     continue
                 if kind == 0:
-                    rows = 1 if (count == 1 or step - width < lc) else count
+                    rows = _rows(count, step, width, lc)
                     if 2 * rows > buf.shape[0]:
                         buf = np.empty((2 * rows, 2), np.int64)
                     m = _line_spans(start, count, step, width, lc, nch, buf)
@@ -68,12 +79,9 @@ def expand(run_ptr, runs, nch, lc, dc, reg_off, total):
                                 keys[pos] = a * nch + c
                             pos += 1
                 else:
-                    rows = 1 if (count == 1 or step - width < dc) else count
+                    rows = _rows(count, step, width, dc)
                     for r in range(rows):
-                        if rows == 1:
-                            lo, hi = start, start + (count - 1) * step + width
-                        else:
-                            lo, hi = start + r * step, start + r * step + width
+                        lo, hi = _span(start, count, step, width, r, rows)
                         for c in range(lo // dc, (hi - 1) // dc + 1):
                             if phase:
                                 keys[pos] = reg_off[a] + c

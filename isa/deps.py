@@ -593,46 +593,16 @@ class ExactTokenPlanner:
         need_all = exact_needs(eng, lo_a, hi_a, dk.ptr, dk.keys, dk.total) if n else np.zeros((0, 4), np.int64)
         nonempty = (dk.ptr[2 * hi_a] > dk.ptr[2 * lo_a]).tolist() if n else []
         for i in range(n):
-            op, pair = ops[i], pairs[i]
             e = int(eng[i])
-            wait = op != "END"
-            b = 1 << e
-            on, by = b, b
             row = need_all[i].tolist()
             row[e] = -1
-            if pair is not None:
-                _check_pair(op, pair, self.pair_open, i)
-                if pair == 1:
-                    v = self._clock(e)
-                    if any(row[P] > v[P] for P in range(4)):
-                        raise TokenError("the second SAVE of a pair would need a wait of its own; the first SAVE "
-                                         "waits for both", i)
-                    wait = False
-                on, by = (b, 0) if pair == 0 else (0, b)
-            v = self._clock(e)
-            need = row if wait and nonempty[i] else None
-            if need is not None and pair is None and self.pair_open and need[_SAVE] > v[_SAVE]:
-                raise TokenError(f"{op} conflicts with an open SAVE pair and cannot wait on it", i)
-            self.dpdon.append(on)
-            self.dpdby.append(by)
-            self.engine.append(ENGINES[e])
-            self.hb.append((-1, -1, -1, -1))
-            if need is not None:
-                self._resolve(i, e, need, v)
-            self.hb[i] = _clock4(v)
-            if pair == 1:
-                self._partner[self._last[e]] = i
-            self._last[e] = i
-            if pair is not None:
-                self.pair_open = pair == 0
+            self._place(ops[i], e, pairs[i], ops[i] != "END", row if nonempty[i] else None)
             if i == after_all:
                 self.order_after_all(i)
 
-    def add(self, op: str, fp: Footprint | None = None, *, keys: tuple[set, set] | None = None,
-            wait: bool = True, pair: int | None = None) -> Step:
-        """Append instruction `op` with footprint `fp` (or `keys`); see `TokenPlanner.add`."""
-        e = _ENGINE_NUM[op]
-        R, W = keys if keys is not None else (self.keys(fp) if fp is not None else (set(), set()))
+    def _place(self, op: str, e: int, pair: int | None, wait: bool, need: list[int] | None) -> list[int]:
+        """Append instruction i = len(self) of engine e, given its needs (None: it has no keys): the SAVE-pair
+        protocol, the tokens (latest-first) and its clock. Returns the instructions it waits on."""
         i = len(self.dpdon)
         b = 1 << e
         on, by = b, b
@@ -640,15 +610,14 @@ class ExactTokenPlanner:
             _check_pair(op, pair, self.pair_open, i)
             if pair == 1:
                 v = self._clock(e)
-                pair_need = self._needs(e, self._split(R), self._split(W))
-                if any(pair_need[P] > v[P] for P in range(4)):
+                if need is not None and any(need[P] > v[P] for P in range(4)):
                     raise TokenError("the second SAVE of a pair would need a wait of its own; the first SAVE "
                                      "waits for both", i)
                 wait = False
             on, by = (b, 0) if pair == 0 else (0, b)
         v = self._clock(e)
-        sR, sW = self._split(R), self._split(W)
-        need = self._needs(e, sR, sW) if wait and (R or W) else None
+        if not wait:
+            need = None
         if need is not None and pair is None and self.pair_open and need[_SAVE] > v[_SAVE]:
             raise TokenError(f"{op} conflicts with an open SAVE pair and cannot wait on it", i)
         self.dpdon.append(on)
@@ -659,12 +628,23 @@ class ExactTokenPlanner:
         if need is not None:
             waits = self._resolve(i, e, need, v)
         self.hb[i] = _clock4(v)
-        self._record(i, e, sR, sW)
         if pair == 1:
             self._partner[self._last[e]] = i
         self._last[e] = i
         if pair is not None:
             self.pair_open = pair == 0
+        return waits
+
+    def add(self, op: str, fp: Footprint | None = None, *, keys: tuple[set, set] | None = None,
+            wait: bool = True, pair: int | None = None) -> Step:
+        """Append instruction `op` with footprint `fp` (or `keys`); see `TokenPlanner.add`."""
+        e = _ENGINE_NUM[op]
+        R, W = keys if keys is not None else (self.keys(fp) if fp is not None else (set(), set()))
+        i = len(self.dpdon)
+        sR, sW = self._split(R), self._split(W)
+        need = self._needs(e, sR, sW) if (R or W) and (wait or pair == 1) else None
+        waits = self._place(op, e, pair, wait, need)
+        self._record(i, e, sR, sW)
         return Step(i, ENGINES[e], self.dpdon[i], self.dpdby[i], tuple(waits))
 
 

@@ -285,17 +285,29 @@ def _squeezenet(b: _Builder, x: str):
     return b.node("Flatten", [x], "flatten", "output", axis=1)
 
 
+# GoogLeNet's inception blocks (Szegedy et al. 2014, Table 1): (key, (1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool
+# proj)); None: a stride-2 max pool between stages
+_GOOGLENET = (("3a", (64, 96, 128, 16, 32, 32)), ("3b", (128, 128, 192, 32, 96, 64)), ("3", None),
+              ("4a", (192, 96, 208, 16, 48, 64)), ("4b", (160, 112, 224, 24, 64, 64)),
+              ("4c", (128, 128, 256, 24, 64, 64)), ("4d", (112, 144, 288, 32, 64, 64)),
+              ("4e", (256, 160, 320, 32, 128, 128)), ("4", None), ("5a", (256, 160, 320, 32, 128, 128)),
+              ("5b", (384, 192, 384, 48, 128, 128)))
+
+
+def _inception(b: _Builder, conv, x: str, cin: int, cfg, names: tuple[str, ...], k5: int) -> tuple[str, int]:
+    """One inception block: 1x1; 1x1 -> 3x3; 1x1 -> k5 x k5; 3x3 max pool -> 1x1; concatenated. `names`: the
+    eight node names (the six convs, the pool, the concat) in that order."""
+    c1, c3r, c3, c5r, c5, pp = cfg
+    b1 = conv(x, cin, c1, 1, names[0])
+    b2 = conv(conv(x, cin, c3r, 1, names[1]), c3r, c3, 3, names[2])
+    b3 = conv(conv(x, cin, c5r, 1, names[3]), c5r, c5, k5, names[4])
+    b4 = conv(b.maxpool(x, names[6], 3, 1, (1, 1, 1, 1), ceil=1), cin, pp, 1, names[5])
+    return b.node("Concat", [b1, b2, b3, b4], names[7], axis=1), c1 + c3 + c5 + pp
+
+
 def _inception_v1(b: _Builder, x: str):
     def basic(x, cin, cout, k, name, stride=1, gain=2.0):
         return b.conv_bn(x, cin, cout, k, name, stride=stride, gain=gain, eps=1e-3)
-
-    def inception(x, cin, c1, c3r, c3, c5r, c5, pp, p):
-        b1 = basic(x, cin, c1, 1, p + ".branch1")
-        b2 = basic(basic(x, cin, c3r, 1, p + ".branch2.0"), c3r, c3, 3, p + ".branch2.1")
-        b3 = basic(basic(x, cin, c5r, 1, p + ".branch3.0"), c5r, c5, 3, p + ".branch3.1")  # 3x3 as in torchvision
-        b4 = b.maxpool(x, p + ".branch4.0", 3, 1, (1, 1, 1, 1), ceil=1)
-        b4 = basic(b4, cin, pp, 1, p + ".branch4.1")
-        return b.node("Concat", [b1, b2, b3, b4], p + ".concat", axis=1), c1 + c3 + c5 + pp
 
     x = basic(x, 3, 64, 7, "conv1", stride=2, gain=1.0)
     x = b.maxpool(x, "maxpool1", 3, 2, ceil=1)
@@ -303,16 +315,14 @@ def _inception_v1(b: _Builder, x: str):
     x = basic(x, 64, 192, 3, "conv3")
     x = b.maxpool(x, "maxpool2", 3, 2, ceil=1)
     cin = 192
-    for name, cfg in [("inception3a", (64, 96, 128, 16, 32, 32)), ("inception3b", (128, 128, 192, 32, 96, 64)),
-                      ("maxpool3", 3), ("inception4a", (192, 96, 208, 16, 48, 64)),
-                      ("inception4b", (160, 112, 224, 24, 64, 64)), ("inception4c", (128, 128, 256, 24, 64, 64)),
-                      ("inception4d", (112, 144, 288, 32, 64, 64)), ("inception4e", (256, 160, 320, 32, 128, 128)),
-                      ("maxpool4", 2), ("inception5a", (256, 160, 320, 32, 128, 128)),
-                      ("inception5b", (384, 192, 384, 48, 128, 128))]:
-        if isinstance(cfg, int):
-            x = b.maxpool(x, name, cfg, 2, ceil=1)
+    for key, cfg in _GOOGLENET:
+        if cfg is None:                                    # torchvision: maxpool4 is 2x2
+            x = b.maxpool(x, f"maxpool{key}", 3 if key == "3" else 2, 2, ceil=1)
         else:
-            x, cin = inception(x, cin, *cfg, name)
+            p = f"inception{key}"
+            names = tuple(p + n for n in (".branch1", ".branch2.0", ".branch2.1", ".branch3.0", ".branch3.1",
+                                          ".branch4.1", ".branch4.0", ".concat"))
+            x, cin = _inception(b, basic, x, cin, cfg, names, 3)   # the "5x5" branch is a 3x3, as in torchvision
     return b.head(x, cin, dropout=0.2)  # torchvision: avgpool, flatten, dropout, fc
 
 
@@ -325,29 +335,20 @@ def _inception_v1_caffe(b: _Builder, x: str):
         y = b.conv(x, cin, cout, k, name, stride=stride, pad=k // 2, bias=True, gain=gain)
         return b.relu(y, name.replace("/", "/relu_", 1) if "/" in name else name + "_relu")
 
-    def inception(x, cin, c1, c3r, c3, c5r, c5, pp, p):
-        b1 = conv(x, cin, c1, 1, p + "/1x1")
-        b2 = conv(conv(x, cin, c3r, 1, p + "/3x3_reduce"), c3r, c3, 3, p + "/3x3")
-        b3 = conv(conv(x, cin, c5r, 1, p + "/5x5_reduce"), c5r, c5, 5, p + "/5x5")
-        b4 = conv(b.maxpool(x, p + "/pool", 3, 1, (1, 1, 1, 1), ceil=1), cin, pp, 1, p + "/pool_proj")
-        return b.node("Concat", [b1, b2, b3, b4], p + "/output", axis=1), c1 + c3 + c5 + pp
-
     x = conv(x, 3, 64, 7, "conv1/7x7_s2", stride=2, gain=1.0)
     x = b.maxpool(x, "pool1/3x3_s2", 3, 2, ceil=1)
     x = conv(x, 64, 64, 1, "conv2/3x3_reduce")
     x = conv(x, 64, 192, 3, "conv2/3x3")
     x = b.maxpool(x, "pool2/3x3_s2", 3, 2, ceil=1)
     cin = 192
-    for name, cfg in [("inception_3a", (64, 96, 128, 16, 32, 32)), ("inception_3b", (128, 128, 192, 32, 96, 64)),
-                      ("pool3/3x3_s2", None), ("inception_4a", (192, 96, 208, 16, 48, 64)),
-                      ("inception_4b", (160, 112, 224, 24, 64, 64)), ("inception_4c", (128, 128, 256, 24, 64, 64)),
-                      ("inception_4d", (112, 144, 288, 32, 64, 64)), ("inception_4e", (256, 160, 320, 32, 128, 128)),
-                      ("pool4/3x3_s2", None), ("inception_5a", (256, 160, 320, 32, 128, 128)),
-                      ("inception_5b", (384, 192, 384, 48, 128, 128))]:
+    for key, cfg in _GOOGLENET:
         if cfg is None:
-            x = b.maxpool(x, name, 3, 2, ceil=1)
+            x = b.maxpool(x, f"pool{key}/3x3_s2", 3, 2, ceil=1)
         else:
-            x, cin = inception(x, cin, *cfg, name)
+            p = f"inception_{key}"
+            names = tuple(p + n for n in ("/1x1", "/3x3_reduce", "/3x3", "/5x5_reduce", "/5x5", "/pool_proj", "/pool",
+                                          "/output"))
+            x, cin = _inception(b, conv, x, cin, cfg, names, 5)
     x = b.node("GlobalAveragePool", [x], "pool5/7x7_s1")
     x = b.node("Flatten", [x], "flatten", axis=1)
     x = b.dropout(x, "pool5/drop_7x7_s1", 0.4)

@@ -127,6 +127,15 @@ def fig34_io(name: str) -> tuple[int, int, int]:
     return 4 * w * w + 4 * w, px * w + px * 4 * w, px * 4 * w              # branch2c + the add
 
 
+def _roots(parent: dict[str, str]):
+    """The root finder of a union-find forest held in `parent` (rows grouped by the fused layers spanning them)."""
+    def root(n: str) -> str:
+        while parent[n] != n:
+            n = parent[n]
+        return n
+    return root
+
+
 def fig34_row(op: str) -> str | None:
     """The Figure 34 subgraph whose parameters our op `op` (an op name of `resnet50_caffe`) loads, or None."""
     m = _BLOCK.fullmatch(op)
@@ -159,11 +168,7 @@ def compare_fig34(rows: list[dict], ops: dict[str, list[str]]) -> list[LdwbCheck
     layers spans (a fused conv pair) are compared as one group. Our layers are placed by the convs they hold."""
     order = {r[0]: k for k, r in enumerate(UG1414_FIG34)}
     parent = {n: n for n in order}
-
-    def root(n):
-        while parent[n] != n:
-            n = parent[n]
-        return n
+    root = _roots(parent)
     placed = []
     for r in rows:
         if r["level"] != "layer":
@@ -294,11 +299,7 @@ def compare_resnet50(rows: list[dict], ops: dict[str, list[str]] | None = None) 
     ours, or a layer of ours with a workload and no row, is an error."""
     order = {r[0]: k for k, r in enumerate(UG1414_RESNET50)}
     parent = {n: n for n in order}
-
-    def root(n):
-        while parent[n] != n:
-            n = parent[n]
-        return n
+    root = _roots(parent)
     placed: list[tuple[dict, list[str]]] = []
     for r in rows:
         if r["level"] != "layer":
