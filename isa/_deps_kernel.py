@@ -1,7 +1,7 @@
-"""Compiled passes behind `deps.DenseKeys` and `deps.ExactTokenPlanner.add_dense`: footprint runs expanded into
-dense key indices, and for every planner step, per engine the latest earlier instruction it conflicts with (the
-`need` of `ExactTokenPlanner.add`). Needs are a function of the keys alone (the tokens do not enter them), so they
-are computed before the token placement."""
+"""Compiled passes behind `deps.KeySpace`, `deps.DenseKeys` and `deps.ExactTokenPlanner.add_dense`: footprint runs
+expanded into keys (the one rule for which bank-line and DDR chunks an access touches), and for every planner step,
+per engine the latest earlier instruction it conflicts with (the `need` of `ExactTokenPlanner.add`). Needs are a
+function of the keys alone (the tokens do not enter them), so they are computed before the token placement."""
 from __future__ import annotations
 
 from opendpu.isa.numba_cache import set_numba_cache_dir
@@ -28,7 +28,8 @@ def _span(start, count, step, width, r, rows):
 
 @njit(cache=True)
 def _line_spans(start, count, step, width, lc, nch, out):
-    """`KeySpace._line_chunks`: [a, b) chunk spans of a run of lines modulo the depth, into out; their number."""
+    """[a, b) chunk spans (within 0..nch) of a run of lines modulo the depth, into out; their number. A run whose
+    gaps are shorter than a chunk is its hull; a span of nch chunks or more is the whole bank."""
     if count <= 0 or width <= 0:
         return 0
     k = 0
@@ -52,10 +53,11 @@ def _line_spans(start, count, step, width, lc, nch, out):
 
 
 @njit(cache=True)
-def expand(run_ptr, runs, nch, lc, dc, reg_off, total):
-    """Dense keys of segments: segment g's runs are runs[run_ptr[g]:run_ptr[g+1]], rows (kind, bank or reg,
-    start, count, step, width), kind 0 bank lines (key bank·nch + chunk of lc lines), 1 DDR bytes (key
-    reg_off[reg] + chunk of dc bytes). Returns (ptr, keys): segment g's keys are keys[ptr[g]:ptr[g+1]]."""
+def expand(run_ptr, runs, nch, lc, dc):
+    """The keys of segments (`deps.KeySpace`'s encoding): segment g's runs are runs[run_ptr[g]:run_ptr[g+1]], rows
+    (kind, bank or reg, start, count, step, width), kind 0 bank lines (key bank·nch + chunk of lc lines, >= 0), 1
+    DDR bytes (key -1 - (reg << 40) - chunk of dc bytes, < 0). Returns (ptr, keys): segment g's keys are
+    keys[ptr[g]:ptr[g+1]] (a key twice where two runs overlap)."""
     nseg = run_ptr.shape[0] - 1
     ptr = np.zeros(nseg + 1, np.int64)
     buf = np.empty((2 * 8192, 2), np.int64)
@@ -84,7 +86,7 @@ def expand(run_ptr, runs, nch, lc, dc, reg_off, total):
                         lo, hi = _span(start, count, step, width, r, rows)
                         for c in range(lo // dc, (hi - 1) // dc + 1):
                             if phase:
-                                keys[pos] = reg_off[a] + c
+                                keys[pos] = -1 - (a << 40) - c
                             pos += 1
             if not phase:
                 ptr[g + 1] = pos

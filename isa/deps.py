@@ -101,58 +101,35 @@ class KeySpace:
             raise ValueError(f"ddr_chunk must be >= 1, got {ddr_chunk}")
         self.line_chunk, self.ddr_chunk = line_chunk, ddr_chunk
         self.nch = depth // line_chunk
-        self._chunks: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}   # run geometry -> spans
-
-    def _line_chunks(self, start: int, count: int, step: int, width: int) -> list[tuple[int, int]]:
-        """[a, b) chunk-index spans (within 0..nch) covered by a run of lines, modulo the depth."""
-        lc, nch = self.line_chunk, self.nch
-        if count <= 0 or width <= 0:
-            return []
-        if count == 1 or step - width < lc:           # gaps shorter than a chunk: the hull has the same keys
-            spans: Iterable[tuple[int, int]] = ((start, start + (count - 1) * step + width),)
-        else:
-            spans = [(s, s + width) for s in range(start, start + count * step, step)]
-        out = []
-        for lo, hi in spans:                          # lines [lo, hi)
-            c0 = lo // lc
-            n = (hi - 1) // lc - c0 + 1
-            if n >= nch:
-                return [(0, nch)]
-            c0 %= nch
-            if c0 + n <= nch:
-                out.append((c0, c0 + n))
-            else:                                     # wraps past the last line
-                out.append((c0, nch))
-                out.append((0, c0 + n - nch))
-        return out
+        self._cache: dict[Access, frozenset[int]] = {}        # recent small accesses (progen asks again)
 
     def keys(self, access: Access) -> set[int]:
         """The keys of every bank line and DDR byte in `access` (bank keys >= 0, DDR keys < 0)."""
-        keys: set[int] = set()
-        dc, nch = self.ddr_chunk, self.nch
-        cache = self._chunks
-        for run in access.lines:
-            geom = run[1:]                            # the same in every bank: cached
-            chunks = cache.get(geom)
-            if chunks is None:
-                if len(cache) > 4096:
-                    cache.clear()
-                chunks = cache[geom] = self._line_chunks(*geom)
-            base = run[0] * nch
-            for a, b in chunks:
-                keys.update(range(base + a, base + b))
-        for reg, start, count, step, width in access.ddr:
-            if count <= 0 or width <= 0:
-                continue
-            base = -1 - (reg << 40)
-            spans: Iterable[tuple[int, int]]
-            if count == 1 or step - width < dc:
-                spans = ((start, start + (count - 1) * step + width),)
-            else:
-                spans = [(s, s + width) for s in range(start, start + count * step, step)]
-            for lo, hi in spans:
-                keys.update(range(base - lo // dc, base - (hi - 1) // dc - 1, -1))
+        if not access:
+            return set()
+        k = self._cache.get(access)
+        if k is not None:
+            return set(k)
+        keys = set(self.keys_of([access])[1].tolist())
+        if len(keys) <= 1024:                                   # small ones only: the cache stays small
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[access] = frozenset(keys)
         return keys
+
+    def keys_of(self, accesses: Sequence[Access | tuple[()]]) -> tuple[np.ndarray, np.ndarray]:
+        """(ptr, keys) of many accesses in one compiled pass (isa/_deps_kernel.py `expand`): access g's keys are
+        keys[ptr[g]:ptr[g+1]], a key repeated where two of its runs overlap."""
+        from ._deps_kernel import expand
+        rows: list[tuple[int, int, int, int, int, int]] = []
+        run_ptr = [0]
+        for acc in accesses:
+            if acc:
+                rows.extend((0, *r) for r in acc.lines)
+                rows.extend((1, *r) for r in acc.ddr)
+            run_ptr.append(len(rows))
+        runs = np.array(rows, np.int64).reshape(-1, 6)
+        return expand(np.array(run_ptr, np.int64), runs, self.nch, self.line_chunk, self.ddr_chunk)
 
     def describe(self, key: int) -> str:
         """What a key stands for: `bank B lines a..b` or `REG_r bytes a..b` (the chunk it encodes)."""
@@ -208,31 +185,9 @@ class DenseKeys:
 
     @staticmethod
     def of_footprints(space: KeySpace, fps: Sequence[Footprint | None]) -> "DenseKeys":
-        """The keys `space.footprint_keys` gives each footprint (None: no access), made dense: bank keys as they
-        are (bank·chunks + chunk), then each DDR register's chunks."""
-        from ._deps_kernel import expand
-        rows: list[tuple[int, int, int, int, int, int]] = []
-        run_ptr = [0]
-        for fp in fps:
-            for acc in ((fp.reads, fp.writes) if fp is not None else ((), ())):
-                if acc:
-                    rows.extend((0, *r) for r in acc.lines)
-                    rows.extend((1, *r) for r in acc.ddr)
-                run_ptr.append(len(rows))
-        runs = np.array(rows, np.int64).reshape(-1, 6)
-        nch = space.nch
-        live = (runs[:, 3] > 0) & (runs[:, 5] > 0)
-        lines, ddr = runs[live & (runs[:, 0] == 0)], runs[live & (runs[:, 0] == 1)]
-        total = (int(lines[:, 1].max()) + 1) * nch if len(lines) else 0
-        reg_off = np.zeros(int(ddr[:, 1].max()) + 1 if len(ddr) else 1, np.int64)
-        if len(ddr):
-            last = (ddr[:, 2] + (ddr[:, 3] - 1) * ddr[:, 4] + ddr[:, 5] - 1) // space.ddr_chunk
-            for r in np.unique(ddr[:, 1]).tolist():
-                reg_off[r] = total
-                total += int(last[ddr[:, 1] == r].max()) + 1
-        ptr, keys = expand(np.array(run_ptr, np.int64), runs, nch, space.line_chunk, space.ddr_chunk, reg_off,
-                           total)
-        return DenseKeys(ptr, keys, total)
+        """The keys `space.footprint_keys` gives each footprint (None: no access), made dense."""
+        ptr, keys = space.keys_of([acc for fp in fps for acc in ((fp.reads, fp.writes) if fp else ((), ()))])
+        return DenseKeys._dense(ptr, keys)
 
     @staticmethod
     def of_sets(space_keys: Sequence[tuple[set, set]]) -> "DenseKeys":
@@ -240,11 +195,15 @@ class DenseKeys:
         flat = [s for rw in space_keys for s in rw]
         ptr = np.zeros(len(flat) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, flat), np.int64, len(flat)), out=ptr[1:])
-        a = np.fromiter(itertools.chain.from_iterable(flat), np.int64, int(ptr[-1]))
+        return DenseKeys._dense(ptr, np.fromiter(itertools.chain.from_iterable(flat), np.int64, int(ptr[-1])))
+
+    @staticmethod
+    def _dense(ptr: np.ndarray, a: np.ndarray) -> "DenseKeys":
+        """KeySpace keys renumbered densely: bank keys as they are, then each DDR register's chunks."""
         dense = a.copy()
         bank = a >= 0
         total = int(a[bank].max()) + 1 if bank.any() else 0
-        if not bank.all():                           # DDR keys: each register's chunks after the bank lines
+        if not bank.all():
             enc = -1 - a[~bank]
             reg, ch = enc >> 40, enc & ((1 << 40) - 1)
             d = np.empty_like(enc)

@@ -215,9 +215,10 @@ def test_add_all_places_the_tokens_add_places(tname):
 
 @pytest.mark.parametrize("tname", sorted(TARGETS))
 def test_dense_keys_are_the_key_sets(tname):
-    """`DenseKeys.of_footprints` (compiled run expansion) names the same keys as `KeySpace.footprint_keys`: per
-    instruction as many distinct keys, and every two accesses share a key exactly when their key sets do; and
-    `last_conflict` finds the instruction the set test finds."""
+    """`DenseKeys.of_footprints` renumbers `KeySpace.footprint_keys` densely without changing which accesses
+    share a key: per instruction as many distinct keys, and every two accesses share a key exactly when their key
+    sets do; `last_conflict` finds the instruction a set test finds; `permuted` reorders. (The key rule itself is
+    checked by hand in tests/test_footprint.py `test_keyspace_chunks`.)"""
     import numpy as np
 
     from opendpu.isa.deps import DenseKeys, KeySpace

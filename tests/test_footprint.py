@@ -386,6 +386,16 @@ def test_keyspace_chunks():
     fine = KeySpace(t)
     a = Access((), (Bytes(2, 10, 2, 100, 3),))
     assert len(fine.keys(a)) == 6 and fine.keys(a).isdisjoint(fine.keys(Access((), (Bytes(2, 13, 1, 0, 97),))))
+    # a run spanning nch chunks or more (3 blocks of 1000 lines back to back: 3000 lines) is the whole bank
+    assert ks.keys(Access((Lines(1, 5, 3, 1000, 1000),))) == set(range(nch, 2 * nch))
+    # blocks 20 wide every 30 lines: gaps of 10 < 16, so the hull 100..179 = chunks 6..11
+    assert ks.keys(Access((Lines(2, 100, 3, 30, 20),))) == set(range(2 * nch + 6, 2 * nch + 12))
+    # DDR with 64-byte chunks: bytes 60..67 of REG_1 touch chunks 0 and 1; 3 rows of 8 bytes every 1000 bytes are
+    # separate chunks 0, 15, 31; an empty run has none
+    enc = [-1 - (1 << 40) - c for c in (0, 1)]
+    assert ks.keys(Access((), (Bytes(1, 60, 1, 0, 8),))) == set(enc)
+    assert ks.keys(Access((), (Bytes(1, 0, 3, 1000, 8),))) == {-1 - (1 << 40) - c for c in (0, 15, 31)}
+    assert ks.keys(Access((Lines(0, 0, 0, 1, 4),), (Bytes(1, 0, 2, 8, 0),))) == set()
     with pytest.raises(ValueError):
         KeySpace(t, line_chunk=3)
 
