@@ -26,6 +26,7 @@ import numpy as np
 from opendpu.compiler.fixpoint import (FixPointError, LEAKY_ALPHA, avg_pool_factor, conv_shifts, elew_shift_write,
                                        hsigmoid_fields, pool_shift_cut, prelu_shift_codes, slope_encoding,
                                        slope_fits_alu)
+from opendpu.compiler.frontend import tile_shape
 from opendpu.compiler.program import DdrImage, DpuProgram, Layer
 from opendpu.compiler.xir.dpu_abi import CONST, INTERFACE, WORKSPACE, Register, RegisterMap
 from opendpu.compiler.xir.graph import Graph, Op, Tensor
@@ -1820,10 +1821,7 @@ def _classify(graph: Graph, op: Op, t: Target) -> str:
         xi = [int(v) for v in _t(graph.ops[_data_inputs(op)[0]]).shape]
         yi = [int(v) for v in _t(op).shape]
         s, rev = int(op.get("stride", 0) or 0), bool(op.get("reverse", False))
-        ok = s >= 1 and len(xi) == len(yi) == 4 and xi[0] == yi[0] == 1 and (
-            xi[3] % (s * s) == 0 and yi == [1, xi[1] * s, xi[2] * s, xi[3] // (s * s)] if rev else
-            xi[1] % s == 0 and xi[2] % s == 0 and yi == [1, xi[1] // s, xi[2] // s, xi[3] * s * s])
-        if not ok:
+        if xi[:1] != [1] or tile_shape(xi, s, rev) != yi:
             raise CodegenError(f"op {op.name!r}: tile stride {op.get('stride')} reverse {rev} from {xi} to {yi}")
         if abs(_fp(op) - _fp(graph.ops[_data_inputs(op)[0]])) > 15:
             raise CodegenError(f"op {op.name!r}: fix point change too large")

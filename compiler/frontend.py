@@ -920,6 +920,16 @@ def from_compiled(graph: Graph, source: str | None = None) -> Graph:
 # validation of the canonical form
 # ---------------------------------------------------------------------------------------------------
 
+def tile_shape(x: list[int], stride: int, reverse: bool) -> list[int] | None:
+    """The NHWC output shape of a tile-fix of input shape x (spec §7.9), None when stride or shape do not fit."""
+    if stride < 1 or len(x) != 4:
+        return None
+    n, h, w, c = x
+    if reverse:
+        return [n, h * stride, w * stride, c // (stride * stride)] if c % (stride * stride) == 0 else None
+    return [n, h // stride, w // stride, c * stride * stride] if h % stride == 0 and w % stride == 0 else None
+
+
 class _Check:
     def __init__(self, g: Graph, source: str | None):
         self.g, self.where = g, _where(g, source)
@@ -1136,10 +1146,7 @@ class _Check:
         if not isinstance(rev, (bool, np.bool_)):
             raise self.err(op, f"attribute reverse = {_short(rev)} is not a boolean")
         xs, ys = [int(v) for v in _t(x).shape], [int(v) for v in _t(op).shape]
-        ok = len(xs) == 4 and len(ys) == 4 and xs[0] == ys[0] and (
-            xs[3] % (s * s) == 0 and ys == [xs[0], xs[1] * s, xs[2] * s, xs[3] // (s * s)] if rev else
-            xs[1] % s == 0 and xs[2] % s == 0 and ys == [xs[0], xs[1] // s, xs[2] // s, xs[3] * s * s])
-        if not ok:
+        if tile_shape(xs, s, bool(rev)) != ys:
             raise self.err(op, f"{'depth-to-space' if rev else 'space-to-depth'} by stride {s} cannot turn "
                                f"{xs} into {ys}")
 

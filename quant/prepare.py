@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from opendpu.compiler.fixpoint import LEAKY_ALPHA as _FIXPOINT_LEAKY
+from opendpu.compiler.frontend import tile_shape
 from opendpu.quant.onnx_in import FGraph, ModelError, Node, QuantError
 
 LEAKY_ALPHA = float(_FIXPOINT_LEAKY)   # 26/256, the DPU's only LeakyReLU slope (UG1414; spec §7.2)
@@ -863,9 +864,8 @@ class _Prep:
         out = self.shape(node.outputs[0])
         if s < 1:
             raise self.err(node, f"{node.op_type} blocksize {s} is not a positive integer")
-        n, c, h, w = (list(x.shape) + [0] * 4)[:4]
-        want = [n, c // (s * s), h * s, w * s] if reverse else [n, c * s * s, h // s, w // s]
-        if len(x.shape) != 4 or out != want or (c % (s * s) if reverse else h % s or w % s):
+        nhwc = tile_shape([x.shape[i] for i in (0, 2, 3, 1)], s, reverse) if len(x.shape) == 4 else None
+        if nhwc is None or len(out) != 4 or [out[i] for i in (0, 2, 3, 1)] != nhwc:
             raise self.err(node, f"{node.op_type} blocksize {s} of {x.shape} to {out} is not a whole reorg")
         self.add(QNode(node.name, "tile", [x.name], out, {"stride": s, "reverse": reverse}, sources=[node.name]),
                  node.outputs[0])
