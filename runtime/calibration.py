@@ -159,7 +159,7 @@ class LdwbCheck:
 
     @property
     def ok(self) -> bool:
-        """Within 5 %, or within the printed resolution of Mem IO (500 bytes) for parameter-free rows."""
+        """Within 5 %, or within 500 bytes (Mem IO is printed to 1,000 bytes; it matters for the smallest layers)."""
         return abs(self.ldwb - self.amd_ldwb) <= max(0.05 * self.amd_ldwb, 500)
 
 
