@@ -189,7 +189,35 @@ BOARD_CASES: list[Case] = [
 ]
 
 # ---- one ordinary mistake per verb ----------------------------------------------------------------------------------
+def _user_files(root: str, p: dict) -> None:
+    """A working directory with the user's own files beside where opendpu writes."""
+    with open(os.path.join(root, "notes.txt"), "w") as f:
+        f.write("the user's notes\n")
+    np.save(os.path.join(root, "mine.npy"), np.arange(5))
+
+
 VERB_CASES: list[Case] = [
+    Case("run_missing_input", "run {mnist} -i {root}/nonexistent.npy -o r.npz", must=["nonexistent.npy", "no such"]),
+    Case("check_zero_inputs", "check {mnist} -n 0", must=["-n", "out of range"]),
+    Case("races_unknown_subgraph", "races {mnist} --subgraph nope", must=["--subgraph", "nope"]),
+    Case("disasm_missing_model", "disasm {root}/nonexistent.xmodel", must=["nonexistent.xmodel", "no such file"]),
+    Case("xmodel_not_an_xmodel", "xmodel {calib}", must=["calib.npy", "not an xmodel"]),
+    Case("targets_unknown_option", "targets --bogus", must=["--bogus"]),
+    Case("profile_bad_timing", "profile {mnist} --timing ddr_latency=-3", must=["ddr_latency"]),
+    Case("sweep_unknown_param", "sweep {mnist} --param nonsense=1,2", must=["nonsense"]),
+    Case("cosim_unknown_simulator", "cosim {mnist} --rtl-sim nope", must=["--rtl-sim", "nope"]),
+    Case("quantize_calib_shape", "quantize {onnx} --calib {x} -o q", must=["x.npy"]),
+    Case("inspect_unknown_target", "inspect {onnx} --target B9999", must=["B9999"]),
+    Case("zoo_unknown_model", "zoo nosuchnet", must=["nosuchnet"]),
+    Case("compile_no_target", "compile -x {q} -o c -n net", must=["target"]),
+    Case("build_unknown_target", "build {onnx} --calib {calib} --target B9999 -o b", must=["B9999"]),
+    Case("compare_missing_build", "compare {onnx} {root}/nonexistent --data {calib}", must=["nonexistent"]),
+    # ordinary successes beside the user's files: nothing of the user's changes
+    Case("run_beside_user_files", "run {mnist} -i {x} -o r.npz --backend ref", code=0, setup=_user_files,
+         keep=["notes.txt", "mine.npy"], must=["wrote r.npz"]),
+    Case("quantize_beside_user_files", "quantize {onnx} --calib {calib} -o q --target DPUCZDX8G_ISA1_B512",
+         code=0, setup=_user_files, keep=["notes.txt", "mine.npy"]),
+    Case("targets_lists_presets", "targets", code=0, must=["DPUCZDX8G_ISA1_B4096"]),
 ]
 
 CAMPAIGN: list[Case] = OUTPUT_CASES + SWEEP_CASES + DATA_CASES + BOARD_CASES + VERB_CASES
