@@ -46,6 +46,7 @@ test-slow: venv iverilog
 bench: venv
 	$(PY) benchmarks/bench_executor.py --models $(MODELS)
 	$(PY) benchmarks/bench_timing.py --models $(MODELS)
+	$(PY) benchmarks/bench_checks.py --models $(MODELS)
 
 bench-quant: venv
 	$(PY) benchmarks/bench_quant.py --model resnet50 --images 100

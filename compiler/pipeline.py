@@ -12,10 +12,11 @@ callback, kept in `ctx.summaries`). `compile(..., dump_after=["partition"])` kee
 instruction selection, banks, tokens, weight packing) run inside the `codegen` pass, one DPU subgraph at a time.
 
 Options are vai_c_xir's `--options` keys (UG1414 Table 31): `input_shape` ("1,224,224,3", inputs separated by
-";"; must equal the graph's static input shapes, since opendpu does not re-infer shapes), `output_ops` ("op0,op1":
-the graph outputs; everything that does not feed them is dropped), `prefetch` and `hd_opt` (accepted and
-recorded; they change no instruction), `plugins` (refused: compiler plugins are C++ libraries). Eight opendpu keys
-switch optimisations off (all default true; docs/compiler.md): `channel_augmentation` (fold kw into
+";"; must equal the graph's static input shapes, since opendpu does not re-infer shapes; a 4-D shape in the xmodel's
+NHWC or in the NCHW of the ONNX model it was quantized from, and the compile log says which was read),
+`output_ops` ("op0,op1": the graph outputs; everything that does not feed them is dropped), `prefetch` and `hd_opt`
+(accepted and recorded; they change no instruction), `plugins` (refused: compiler plugins are C++ libraries).
+Eight opendpu keys switch optimisations off (all default true; docs/compiler.md): `channel_augmentation` (fold kw into
 the LOAD items of convs with few input channels), `fuse` (a producer and its only ALU consumer in one superlayer,
 the intermediate kept on chip), `exact_tokens` (a waiter waits on the instruction it conflicts with, not on the
 producer engine's latest one), `pipeline` (software-pipelined strip order: the next strip's LOADs and the previous
@@ -121,9 +122,12 @@ def check_options(options: dict) -> dict:
 
 def parse_options(text: str) -> dict:
     """--options JSON text -> checked options (CompileError for bad JSON or keys)."""
+    from opendpu.isa.jsonin import check_depth
+    check_depth(text, "--options", CompileError, hint="vai_c's options are an object of strings, numbers and shape "
+                                                      "lists")
     try:
         v = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise CompileError(f"--options is not valid JSON ({e}); e.g. '{{\"output_ops\": \"fc\"}}'") from None
     return check_options(v)
 
@@ -259,8 +263,7 @@ def p_apply_options(ctx: CompileContext) -> CompileContext:
                                f"quantize the model with a static input shape (input_shape cannot re-infer the "
                                f"shapes of the graph)")
     if ctx.options.get("input_shape") is not None:
-        _check_input_shape(g, ctx.options["input_shape"])
-        done.append(f"input_shape matches {len(ins)} input(s)")
+        done.append("input_shape " + ", ".join(_check_input_shape(g, ctx.options["input_shape"])))
     outs = ctx.options.get("output_ops")
     if outs is not None:
         for n in outs:
@@ -294,20 +297,35 @@ def p_apply_options(ctx: CompileContext) -> CompileContext:
     return ctx
 
 
-def _check_input_shape(g: Graph, shapes: list[list[int]] | None) -> None:
-    """input_shape must give the graph's own static input shapes, one per input in graph order."""
+def _check_input_shape(g: Graph, shapes: list[list[int]] | None) -> list[str]:
+    """input_shape must give the graph's own static input shapes, one per input in graph order. A 4-D shape may be
+    given in the xmodel's layout (NHWC) or in the NCHW of the ONNX model it was quantized from; returns, per input,
+    the layout it was read in."""
     if shapes is None:
-        return
+        return []
     ins = _inputs_of(g)
     if len(shapes) != len(ins):
         raise CompileError(f"option input_shape gives {len(shapes)} shape(s) for the {len(ins)} input(s) "
                            f"{ins[:4]} of the graph")
+    how = []
     for n, s in zip(ins, shapes):
         have = shape_of(g, n)
-        if have != s:
-            raise CompileError(f"option input_shape {s} for input {n!r}: the quantized graph's input is {have}; "
-                               f"opendpu compiles the static shapes the model was quantized with (quantize it "
-                               f"again at {s})")
+        nchw = [have[0], have[3], have[1], have[2]] if len(have) == 4 else None
+        if nchw is None:
+            if s != have:
+                raise CompileError(f"option input_shape {s} for input {n!r}: the quantized graph's input is {have}; "
+                                   f"opendpu compiles the static shapes the model was quantized with (give {have})")
+            how.append(f"{n!r} {s}")
+        elif s == have:
+            how.append(f"{n!r} {s} read as NHWC (the xmodel's layout" + (", the same as NCHW)" if s == nchw else ")"))
+        elif s == nchw:
+            how.append(f"{n!r} {s} read as NCHW (the ONNX model's layout) = {have} NHWC")
+        else:
+            raise CompileError(f"option input_shape {s} for input {n!r}: the quantized graph's input is {have} NHWC "
+                               f"(the xmodel's layout), {nchw} NCHW (the ONNX model's); opendpu compiles the static "
+                               f"shape the model was quantized with: give one of these, or quantize the ONNX model "
+                               f"at the shape you want (opendpu quantize --input-shape N,C,H,W, NCHW)")
+    return how
 
 
 def _ancestors(g: Graph, n: str) -> set[str]:
@@ -450,14 +468,11 @@ class CompileResult:
     def files(self) -> dict[str, bytes]:
         """File name -> content: <name>.xmodel, <name>_org.xmodel, meta.json, report.json / report.txt (the
         compile report) and any dump_after_<pass>.json."""
-        out = {f"{self.name}.xmodel": self.graph.serialize(),
-               f"{self.name}_org.xmodel": self.org_bytes or self.org.serialize(),
-               "meta.json": (json.dumps(self.meta, indent=1) + "\n").encode(),
-               "report.json": (json.dumps(self.report(), indent=1) + "\n").encode(),
-               "report.txt": self.report_text().encode()}
-        for p, d in self.dumps.items():
-            out[f"dump_after_{p}.json"] = (json.dumps(d, indent=1, default=str) + "\n").encode()
-        return out
+        contents = [self.graph.serialize(), self.org_bytes or self.org.serialize(),
+                    (json.dumps(self.meta, indent=1) + "\n").encode(),
+                    (json.dumps(self.report(), indent=1) + "\n").encode(), self.report_text().encode()]
+        contents += [(json.dumps(d, indent=1, default=str) + "\n").encode() for d in self.dumps.values()]
+        return dict(zip(output_names(self.name, list(self.dumps)), contents, strict=True))
 
     def write(self, directory: str) -> list[str]:
         """Write `files()` into an existing directory (the CLI writes through compiler.outdir); returns the paths."""
@@ -470,9 +485,22 @@ class CompileResult:
         return paths
 
 
+NAME_MAX = 255                  # bytes of a file name on Linux file systems (compiler.outdir checks the real one)
+
+
+def output_names(name: str, dump_after=()) -> list[str]:
+    """The files a compile of net `name` writes (`CompileResult.files`), in order: known before any work."""
+    return [f"{name}.xmodel", f"{name}_org.xmodel", "meta.json", "report.json", "report.txt"] + \
+        [f"dump_after_{p}.json" for p in dump_after]
+
+
 def check_name(name: str) -> str:
     if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name or name.startswith("."):
         raise CompileError(f"net name {name!r}: give a plain file stem (no directory, not starting with '.')")
+    longest = max(len(os.fsencode(f)) for f in output_names(name))       # NAME_org.xmodel
+    if longest > NAME_MAX:
+        raise CompileError(f"net name {name[:40]}... is {len(os.fsencode(name))} bytes long: its output file "
+                           f"NAME_org.xmodel would be {longest} bytes, over the {NAME_MAX}-byte limit of a file name")
     return name
 
 

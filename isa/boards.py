@@ -3,8 +3,9 @@
 `--board NAME` sets `Target.timing` clock_mhz, cores, board_ddr_mbps, ddr_efficiency_pct and frame_overhead_us, and
 the DPU timing calibrated on silicon: ddr_latency and conv_latency (fitted) and weight_load_lines (the wide weight
 path); docs/calibration.md gives the sources and the fits.
-A board names an arch preset; a compiled model must have that array size (PP, CP, ALU_PP), whatever its other
-options.
+A board names the arch preset of its reference design, the default array; its timing applies to any array (a B3136
+design on a KR260 is a real user's setup): `profile` and `run` give it to the program's own array, `sweep` to each
+point's (docs/decisions.md).
 """
 from __future__ import annotations
 
@@ -40,18 +41,24 @@ class Board:
         return {"clock_mhz": self.clock_mhz, "cores": self.cores, "board_ddr_mbps": self.ddr_mbps,
                 "ddr_efficiency_pct": DDR_EFFICIENCY_PCT, "frame_overhead_us": FRAME_OVERHEAD_US, **DPU_TIMING}
 
-    def check(self, t: Target) -> None:
-        """Refuse a target whose array is not the board's (another size: PP, ICP/OCP, ALU parallelism). Other
-        options of the same size (e.g. an AMD arch.json's feature bits) are the board's DPU configured so."""
+    def ships(self, t: Target) -> bool:
+        """Is `t` the array of the board's reference design (same PP, ICP/OCP, ALU parallelism; other options of
+        that size, e.g. an AMD arch.json's feature bits, are the same DPU configured so)?"""
         a = get_target(self.arch)
-        if (t.pp, t.cp, t.alu_pp) != (a.pp, a.cp, a.alu_pp):
-            raise TargetError(f"board {self.name} has a {self.arch} DPU (PP {a.pp}, CP {a.cp}, ALU_PP {a.alu_pp}); "
-                              f"the target {t.name} is PP {t.pp}, CP {t.cp}, ALU_PP {t.alu_pp}")
+        return (t.pp, t.cp, t.alu_pp) == (a.pp, a.cp, a.alu_pp)
+
+    def applied_to(self, targets) -> str:
+        """One line saying that the board's timing is applied to the program's array(s) `targets`, and whether that
+        array is the one the board ships."""
+        names = list(dict.fromkeys(t.name for t in targets))
+        what = f"{', '.join(names)} array{'s' if len(names) > 1 else ''}"
+        own = all(self.ships(t) for t in targets)
+        return (f"board {self.name}: timing of the board applied to the program's {what}"
+                + (", the board's own" if own else f" (the board ships {self.arch})"))
 
     def target(self, base: Target | str | None = None) -> Target:
-        """The board's Target: `base` (default: the board's arch preset) with the board's timing."""
+        """`base` (default: the board's arch preset), of any array, with the board's timing."""
         t = get_target(base if base is not None else self.arch)
-        self.check(t)
         return t.with_timing(**self.timing())
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .errors import OpenDpuError
+from .jsonin import check_depth
 
 DPU_TYPE_DPUCZDX8G = 1
 ISA_VERSION = 1
@@ -42,11 +43,14 @@ PRESET_FINGERPRINTS = {
 }
 
 
-# Accepted range of every timing parameter (inclusive; clock_mhz: (0, 10000]). Cycle counts stay <= 2**40 so
-# that per-instruction costs and schedules fit the cycle model's int64 arithmetic with room to spare.
+# Accepted range of every timing parameter (inclusive), the one source of these limits (arch.json "timing",
+# --timing, --clock-mhz, sweeps and boards all construct a Timing). clock_mhz: 1 MHz (a slowed-down debug clock) to
+# 2 GHz, beyond any programmable-logic clock (the DPUCZDX8G runs at 100-400 MHz, its DSPs at twice that); outside
+# it the latencies and fps printed would be physically meaningless. Cycle counts stay <= 2**40 so that
+# per-instruction costs and schedules fit the cycle model's int64 arithmetic with room to spare.
 MAX_CYCLES = 1 << 40
 TIMING_BOUNDS = {
-    "clock_mhz": (0.0, 10000.0),
+    "clock_mhz": (1.0, 2000.0),
     "dsp_clock_mult": (1, 16),
     "cores": (1, 64),
     "fetch_latency": (0, MAX_CYCLES),
@@ -137,8 +141,8 @@ class Timing:
             shown = _short(v)
             if k == "clock_mhz":
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                        or not lo < v <= hi:
-                    raise TargetError(f"timing clock_mhz must be > 0 and <= {hi:g} (MHz, a finite number), "
+                        or not lo <= v <= hi:
+                    raise TargetError(f"timing clock_mhz must be >= {lo:g} and <= {hi:g} (MHz, a finite number), "
                                       f"got {shown}")
             elif not isinstance(v, int) or isinstance(v, bool):
                 raise TargetError(f"timing {k} must be an integer, got {shown}")
@@ -430,7 +434,9 @@ class Target:
         if len(raw) > ARCH_JSON_MAX_BYTES:
             raise TargetError(f"{where}: larger than {ARCH_JSON_MAX_BYTES} bytes; not an arch.json")
         try:
-            d = json.loads(raw.decode("utf-8"))
+            text = raw.decode("utf-8")
+            check_depth(text, where, TargetError)
+            d = json.loads(text)
         except UnicodeDecodeError:
             raise TargetError(f"{where}: not a JSON file (not UTF-8 text)") from None
         except json.JSONDecodeError as e:

@@ -15,6 +15,7 @@ import numpy as np
 
 from opendpu.compiler import fixpoint as F
 from opendpu.compiler.xir.graph import dump_stem
+from opendpu.isa.jsonin import check_depth
 from opendpu.quant import calib as C
 from opendpu.quant.conv_params import CONV_KINDS, quantize_conv_params
 from opendpu.quant.emit import QParams, emit_onnx, session, value_name
@@ -134,8 +135,10 @@ def _load_array(path: str, what: str = "calibration data") -> np.ndarray:
                          f"{' '.join(str(e).split())[:160]})") from None
 
 
-def calib_arrays(calib, shape: list[int], limit: int | None = None, what: str = "calibration data") -> np.ndarray:
-    """Calibration samples as one float32 [N, C, H, W] array (checked: shape, finite values).
+def calib_arrays(calib, shape: list[int], limit: int | None = None, what: str = "calibration data",
+                 check_values: bool = True) -> np.ndarray:
+    """Calibration samples as one float32 [N, C, H, W] array (checked: shape, finite values and, with
+    `check_values`, not constant: `check_calib_values`).
 
     `calib`: an array ([N,C,H,W] or one [C,H,W] sample), a .npy/.npz file, a folder of .npy files or an
     iterable of arrays. `what` names the data in errors ("calibration data", "evaluation data")."""
@@ -186,15 +189,76 @@ def calib_arrays(calib, shape: list[int], limit: int | None = None, what: str = 
     if x.shape[0] == 0:
         src = ", ".join(w for w, _ in items) if items and items[0][0] != "array" else ""
         raise QuantError(f"NO_CALIBRATION: the {what}{' ' + src if src else ''} is empty (0 samples)")
-    return x[:limit] if limit else x
+    x = x[:limit] if limit else x
+    if check_values:
+        check_calib_values(x, f"{what} {_data_name(calib)}")
+    return x
 
 
-def eval_arrays(data, shape: list[int], labels=None) -> tuple[np.ndarray, np.ndarray | None]:
+def _data_name(data) -> str:
+    return os.fspath(data) if isinstance(data, (str, os.PathLike)) else "array"
+
+
+# ---- calibration data statistics (docs/quantizer.md "Calibration data checks") -------------------------------
+CALIB_OUTLIER_FACTOR = 16       # a sample's max |x| >= 16x the median sample's: the others lose >= 4 of 8 bits
+CALIB_CONSTANT_SHARE = 0.5      # at least half of the samples constant (blank, padded): a warning
+
+
+def check_calib_values(x: np.ndarray, where: str) -> None:
+    """QuantError when every value of the calibration data is the same (zero variance): the fix points would be
+    those of one constant input, whatever the model later sees."""
+    lo, hi = float(x.min()), float(x.max())
+    if lo == hi:
+        raise QuantError(f"{where}: every value of the {len(x)} sample(s) is {lo:g} (zero variance); the fix points "
+                         f"would describe one constant input, not real data: give representative inputs")
+
+
+def calib_warnings(x: np.ndarray, where: str) -> list[str]:
+    """What is legal but suspicious in calibration data `x` [N, ...] (checked by calib_arrays), one line each:
+    all samples identical; at least CALIB_CONSTANT_SHARE of them constant; one sample's max |x| at least
+    CALIB_OUTLIER_FACTOR times the median sample's; a spread below one step of the input's own 8-bit fix point
+    (maxmin), so the DPU sees one constant input."""
+    out: list[str] = []
+    n = len(x)
+    flat = x.reshape(n, -1)
+    smin, smax = flat.min(axis=1), flat.max(axis=1)
+    amax = np.maximum(np.abs(smin), np.abs(smax)).astype(np.float64)
+    lo, hi = float(smin.min()), float(smax.max())
+    if lo == hi:                     # refused by check_calib_values; nothing more to say
+        return out
+    if n >= 2 and bool(np.all(flat == flat[0])):
+        out.append(f"{where}: the {n} samples are identical; calibration sees one input (give varied, representative "
+                   f"inputs)")
+    elif flat.shape[1] > 1:
+        const = np.flatnonzero(smin == smax)
+        if len(const) and len(const) >= CALIB_CONSTANT_SHARE * n:
+            i = int(const[0])
+            out.append(f"{where}: {len(const)} of {n} samples are constant images (sample {i}: every value is "
+                       f"{float(smin[i]):g}); blank or padded inputs narrow the activation ranges")
+    if n >= 3:
+        med = float(np.median(amax))
+        i = int(np.argmax(amax))
+        if med > 0 and amax[i] >= CALIB_OUTLIER_FACTOR * med:
+            bits = float(np.log2(amax[i] / med))
+            out.append(f"{where}: sample {i} reaches |x| = {amax[i]:g}, {amax[i] / med:.0f}x the largest |x| of the "
+                       f"median sample ({med:g}); the input's fix point follows it and the other samples keep about "
+                       f"{max(0.0, 7 - bits):.0f} of its 7 magnitude bits (an outlier, or data in another scale?)")
+    fp = C.maxmin_fix_point(max(abs(lo), abs(hi)))
+    qlo, qhi = (int(v) for v in C.quantize(np.array([lo, hi]), fp))
+    if qlo == qhi:
+        out.append(f"{where}: the values {lo:.7g}..{hi:.7g} differ by less than one step (2^{-fp}) of the input's "
+                   f"8-bit fix point {fp}: the DPU sees every sample as the same constant input {qlo}")
+    return out
+
+
+def eval_arrays(data, shape: list[int], labels=None, classes: int | None = None,
+                what: str = "evaluation labels 'y'") -> tuple[np.ndarray, np.ndarray | None]:
     """Evaluation samples and optional labels, checked like calibration data but named "evaluation data".
 
     Meant to be called before calibration starts, so a bad evaluation set costs nothing. `labels`: one class
-    index per sample (integers, or integral floats), or None."""
-    x = calib_arrays(data, shape, what="evaluation data")
+    index per sample (integers, or integral floats), or None; with `classes` (the model's, `output_classes`) each
+    must be in 0..classes-1 (`check_labels`)."""
+    x = calib_arrays(data, shape, what="evaluation data", check_values=False)
     if labels is None:
         return x, None
     y = np.asarray(labels)
@@ -208,7 +272,33 @@ def eval_arrays(data, shape: list[int], labels=None) -> tuple[np.ndarray, np.nda
         if not np.all(y == np.round(y)):
             raise QuantError("evaluation labels 'y': non-integral values (give class indices)")
         y = y.astype(np.int64)
+    if classes is not None:
+        check_labels(y, classes, what)
     return x, y
+
+
+def check_labels(y: np.ndarray, classes: int, what: str = "evaluation labels 'y'") -> None:
+    """Class indices `y` must lie in 0..classes-1 (the model's output gives `classes` scores): a label outside can
+    never be predicted, so an accuracy over it is 0 % by construction. QuantError naming how many are outside,
+    their range and the model's."""
+    y = np.asarray(y).reshape(-1)
+    bad = (y < 0) | (y >= classes)
+    if bad.any():
+        lo, hi = int(y[bad].min()), int(y[bad].max())
+        raise QuantError(f"{what}: {int(bad.sum())} of {len(y)} labels are outside the model's {classes} classes "
+                         f"0..{classes - 1} (found {lo if lo == hi else f'{lo}..{hi}'}); labels are class indices "
+                         f"of the model's output")
+
+
+def output_classes(model, input_shape=None) -> int | None:
+    """The number of classes of a classifier: the size of its first output without the batch (shape inference at
+    `input_shape`, NCHW), which is what argmax runs over; None when shape inference leaves it unknown. `model`:
+    a path or an `onnx.ModelProto`."""
+    m = load_onnx(model)
+    src = os.fspath(model) if isinstance(model, (str, os.PathLike)) else "model"
+    fg = to_fgraph(m, src, input_shape)
+    shp = fg.shapes.get(fg.outputs[0])
+    return int(np.prod(shp[1:])) if shp else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -429,6 +519,7 @@ class QuantResult:
                                                      / max(np.mean(err ** 2), 1e-30)))}
         if y is not None:
             y = np.asarray(y).reshape(-1)
+            check_labels(y, int(np.prod(fl.shape[1:])))
             res["float_accuracy"] = float(np.mean(fa == y))
             res["quant_accuracy"] = float(np.mean(qa == y))
         return res
@@ -486,7 +577,7 @@ class QuantResult:
         from opendpu.compiler.outdir import DirOutput
         if xmodel_format not in XMODEL_FORMATS:
             raise QuantError(f"xmodel format {xmodel_format!r}: use one of {', '.join(XMODEL_FORMATS)}")
-        out = DirOutput(out_dir, force=force, inputs=inputs)
+        out = DirOutput(out_dir, force=force, inputs=inputs, net=dump_stem(self.model_name))
         with out as tmp:
             paths = self._write_into(tmp, calib_x, golden_input, evaluate, xmodel_format)
         return {k: os.path.join(out_dir, os.path.relpath(v, tmp)) for k, v in paths.items()}
@@ -613,7 +704,7 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
         raise QuantError(f"{source}: models with {len(prep.input_nodes)} inputs are not supported (one input)")
     inp = prep.input_nodes[0]
     qi = _load_quant_info(quant_info, prep) if quant_info is not None else None   # inputs checked before any work
-    x = calib_arrays(calib, inp.shape, cfg.calib_limit)
+    x = calib_arrays(calib, inp.shape, cfg.calib_limit, check_values=qi is None)   # calibrated on: not constant
     placements = place_nodes(prep, target)
     timings["prepare"] = time.perf_counter() - t0
     qp = QParams()
@@ -676,6 +767,16 @@ def _check_fp_range(prep: Prepared, qp: QParams, observers: dict) -> None:
                                  f"-{FP_LIMIT}..{FP_LIMIT}: its range cannot be quantized to 8 bits")
 
 
+def output_names(source: str) -> list[str]:
+    """The files `QuantResult.write` writes for the model file `source` whatever the data (golden/ holds one file
+    per tensor besides): known before any work, so the CLI checks them first."""
+    m = None
+    if not (isinstance(source, str) and source.endswith(".onnx")):
+        m = load_onnx(source)
+    base = dump_stem(_model_name(m, source))
+    return [f"{base}_int.xmodel", f"{base}_int.onnx", "quant_info.json", "report.txt", "report.json"]
+
+
 def _model_name(m, source: str) -> str:
     if isinstance(source, str) and source.endswith(".onnx"):
         return os.path.splitext(os.path.basename(source))[0]
@@ -720,7 +821,11 @@ def _load_quant_info(qi, prep: Prepared) -> dict:
             raise QuantError(f"quant_info {src} is a directory, not a file")
         try:
             with open(src) as f:
-                qi = json.load(f)
+                text = f.read()
+            check_depth(text, f"quant_info {src}", QuantError)
+            qi = json.loads(text)
+        except QuantError:
+            raise
         except FileNotFoundError:
             raise QuantError(f"quant_info {src}: no such file") from None
         except OSError as e:

@@ -131,34 +131,89 @@ def parse_constraint(text: str) -> Constraint:
 
 
 def parse_model(text: str, size=None, calib: str | None = None, label: str | None = None) -> ModelSpec:
-    """'zoo:resnet50', 'zoo:yolov3@416', 'zoo:yolov3@512x256' or a path (.onnx / .xmodel)."""
+    """'zoo:resnet50', 'zoo:yolov3@416', 'zoo:yolov3@512x256' or a path (.onnx / .xmodel). Checks the name, the
+    size (zoo models only), the calibration data's path (ONNX files only) and the label; the file's contents are
+    checked by `validate_model`."""
     from opendpu.quant import zoo
-    s = str(text).strip()
+    if not isinstance(text, str):
+        raise SweepError(f"model {text!r}: expected a path or zoo:NAME (a string)")
+    if label is not None and (not isinstance(label, str) or not label.strip()):
+        raise SweepError(f"model {text}: name {label!r} must be a non-empty string")
+    if calib is not None and (not isinstance(calib, str) or not calib):
+        raise SweepError(f"model {text}: calib {calib!r} must be a path (a non-empty string)")
+    s = text.strip()
     if s.startswith("zoo:"):
         name, _, sz = s[4:].partition("@")
+        if calib is not None:
+            raise SweepError(f"model {s}: calib is for ONNX files; a zoo model is quantized on random samples "
+                             f"(zoo:digits on its own images)")
         if name == "digits":                     # the shipped digits CNN (8x8 load_digits images)
-            if sz:
+            if sz or size is not None:
                 raise SweepError(f"model {s!r}: the digits CNN has a fixed 8x8 input")
             return ModelSpec(label or "digits", "zoo:digits")
         if name not in zoo.NAMES:
             raise SweepError(f"model {s!r}: unknown zoo model {name!r}; known: digits, {', '.join(zoo.NAMES)}")
         if sz:
+            if size is not None:
+                raise SweepError(f"model {s!r}: the size is given twice (@{sz} and size = {size!r})")
             try:
                 size = [int(v) for v in sz.lower().split("x")] if "x" in sz.lower() else int(sz)
             except ValueError:
                 raise SweepError(f"model {s!r}: input size {sz!r} is not N or HxW") from None
+        if size is not None:
+            try:
+                zoo._check_hw(size)
+            except (OpenDpuError, ValueError) as e:
+                raise SweepError(f"model {s}: {e}") from None
+            size = list(size) if isinstance(size, (list, tuple)) else size
         return ModelSpec(label or (name if size is None else f"{name}@{_size_text(size)}"), f"zoo:{name}", size)
     if not s:
         raise SweepError("model: empty name; give a path (.onnx, .xmodel) or zoo:NAME")
-    if not os.path.exists(s):
+    if size is not None:
+        raise SweepError(f"model {s}: size is for zoo models; a file has its own input shape")
+    if not os.path.lexists(s):
         raise SweepError(f"model {s}: no such file")
     if os.path.isdir(s):
         raise SweepError(f"model {s}: is a directory, not a model file")
     if not s.endswith((".onnx", ".xmodel")):
         raise SweepError(f"model {s}: not an xmodel or ONNX file (give a .xmodel, a .onnx or zoo:NAME)")
-    if calib is not None and not os.path.exists(calib):
-        raise SweepError(f"model {s}: calibration data {calib}: no such file or folder")
+    if calib is not None:
+        if not s.endswith(".onnx"):
+            raise SweepError(f"model {s}: calib is for ONNX files; an xmodel is already quantized")
+        if not os.path.exists(calib):
+            raise SweepError(f"model {s}: calibration data {calib}: no such file or folder")
     return ModelSpec(label or os.path.splitext(os.path.basename(s))[0], s, None, calib)
+
+
+def validate_model(m: ModelSpec) -> None:
+    """The model file's contents, before any work: an xmodel loads and is quantized or compiled; an ONNX file is
+    an ONNX model (the quantizer's own loader and messages) with one static NCHW input, and its calibration data
+    fits that input. Zoo models are built (and checked) when prepared."""
+    if m.source.startswith("zoo:"):
+        return
+    if not os.path.isfile(m.source) or not os.access(m.source, os.R_OK):
+        raise SweepError(f"model {m.source}: not a readable file")
+    if m.source.endswith(".xmodel"):
+        from opendpu.compiler.frontend import detect_form
+        from opendpu.compiler.xir.graph import Graph
+        try:
+            detect_form(Graph.load(m.source), m.source)
+        except (OpenDpuError, ValueError, OSError) as e:
+            msg = " ".join(str(e).split())
+            raise SweepError(msg if m.source in msg else f"model {m.source}: {msg}") from None
+        return
+    from opendpu.quant.onnx_in import load_onnx
+    from opendpu.quant.quantize import calib_arrays
+    try:
+        model = load_onnx(m.source)
+    except (OpenDpuError, ValueError, OSError) as e:
+        raise SweepError(" ".join(str(e).split())) from None
+    shape = _input_shape(model, m)
+    if m.calib:
+        try:
+            calib_arrays(m.calib, shape, limit=16)
+        except (OpenDpuError, ValueError) as e:
+            raise SweepError(f"model {m.label}: {e}") from None
 
 
 def _size_text(size) -> str:
@@ -195,11 +250,15 @@ def _check_value(name: str, v, where: str):
             return get_board(str(v)).name
         except (OpenDpuError, ValueError) as e:
             raise SweepError(f"{where}: {e}") from None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise SweepError(f"{where}: parameter {name}: {v!r} is not a number")
+    if isinstance(v, str):
         try:
-            v = float(v) if name == "clock_mhz" else int(str(v), 0)
+            v = float(v) if name == "clock_mhz" else int(v, 0)
         except ValueError:
             raise SweepError(f"{where}: parameter {name}: {v!r} is not a number") from None
+    if isinstance(v, float) and not np.isfinite(v):
+        raise SweepError(f"{where}: parameter {name}: {v!r} is not a finite number")
     if name in TIMING_PARAMS:
         if name != "clock_mhz":
             if float(v) != int(v):
@@ -229,24 +288,35 @@ def _bad_preset(v):
 
 
 def space_from_dict(d: dict, where: str) -> Space:
-    """A [[space]] table: parameter lists, and optionally mode = grid|random|list, samples, points."""
+    """A [[space]] table: parameter lists, and optionally mode = grid|random|list, samples, points. Every key that
+    the space's mode would ignore is an error (samples outside mode random, parameters beside a points list, more
+    samples than the grid has points)."""
+    if not isinstance(d, dict):
+        raise SweepError(f"{where}: expected a [[space]] table of parameters, not {_kind(d)}")
     d = dict(d)
     mode = d.pop("mode", None)
+    has_samples = "samples" in d
     samples = d.pop("samples", 0)
     points = d.pop("points", None)
     if mode is None:
-        mode = "list" if points is not None else ("random" if samples else "grid")
-    if mode not in SPACE_MODES:
+        mode = "list" if points is not None else ("random" if has_samples else "grid")
+    if not isinstance(mode, str) or mode not in SPACE_MODES:
         raise SweepError(f"{where}: mode {mode!r}; choose from {', '.join(SPACE_MODES)}")
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
-        raise SweepError(f"{where}: samples {samples!r} must be an integer >= 0")
+        raise SweepError(f"{where}: samples {samples!r} must be an integer >= 1")
     if mode == "random" and samples < 1:
         raise SweepError(f"{where}: mode random needs samples >= 1")
+    if mode != "random" and has_samples:
+        raise SweepError(f"{where}: samples is only for mode = \"random\" (this space is mode = \"{mode}\")")
     axes = {k: _check_values(k, v, where) for k, v in d.items()}
     pts = []
     if mode == "list":
         if not isinstance(points, list) or not points:
             raise SweepError(f"{where}: mode list needs a non-empty points = [{{...}}, ...]")
+        if axes:
+            raise SweepError(f"{where}: mode list takes its points from points = [...]; the parameter(s) "
+                             f"{', '.join(axes)} beside it would be ignored: put them in each point, or in a "
+                             f"[[space]] of their own")
         for i, p in enumerate(points):
             if not isinstance(p, dict) or not p:
                 raise SweepError(f"{where}: points[{i}] must be a non-empty table of parameters")
@@ -255,7 +325,21 @@ def space_from_dict(d: dict, where: str) -> Space:
         raise SweepError(f"{where}: points is only for mode = \"list\"")
     elif not axes:
         raise SweepError(f"{where}: no parameters (an empty space)")
+    if mode == "random":
+        n = int(np.prod([len(v) for v in axes.values()], dtype=object))
+        if samples > n:
+            if where == "--param":
+                raise SweepError(f"--samples {samples}: the --param grid has only {n} point(s); give at most {n}, or "
+                                 f"leave --samples out to sweep the whole grid")
+            raise SweepError(f"{where}: samples = {samples} is more than the {n} point(s) of its grid; give at most "
+                             f"{n}, or mode = \"grid\" for the whole grid")
     return Space(mode, axes, samples, pts)
+
+
+def _kind(v) -> str:
+    """What a TOML value is, for messages: 'a string', 'an integer', 'a list', 'a table', ..."""
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a table"}.get(type(v), f"a {type(v).__name__}")
 
 
 _TOP_KEYS = {"model", "space", "constraints", "seed", "options"}
@@ -263,45 +347,85 @@ _MODEL_KEYS = {"zoo", "path", "size", "calib", "name"}
 
 
 def load_spec(path: str) -> SweepSpec:
-    """A sweep file (TOML): [[model]] tables, [[space]] tables, constraints = [...], seed, options."""
+    """A sweep file (TOML): [[model]] tables, [[space]] tables, constraints = [...], seed, options; every key and
+    value is checked (types, ranges, files) before any work."""
     try:
         with open(path, "rb") as f:
-            d = tomllib.load(f)
+            data = f.read()
     except OSError as e:
         raise SweepError(f"sweep file {path}: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SweepError(f"sweep file {path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); a "
+                         f"sweep file is TOML, which is UTF-8") from None
+    try:
+        d = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SweepError(f"sweep file {path}: not valid TOML: {e}") from None
     return spec_from_dict(d, path)
 
 
+def _tables(d: dict, key: str, where: str) -> list[dict]:
+    """The [[key]] tables of a sweep file (a list of tables)."""
+    v = d.get(key, [])
+    if isinstance(v, dict):
+        raise SweepError(f"{where}: {key} must be [[{key}]] tables (double brackets: one per {key}), not a single "
+                         f"[{key}] table")
+    if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
+        raise SweepError(f"{where}: {key} must be [[{key}]] tables, not {_kind(v)}"
+                         + (" of other values" if isinstance(v, list) else ""))
+    return v
+
+
 def spec_from_dict(d: dict, where: str = "sweep") -> SweepSpec:
+    """A sweep specification from a parsed sweep file (or a dict of the same form), every key type-checked.
+    Relative paths (`path`, `calib`) are relative to the file."""
+    if not isinstance(d, dict):
+        raise SweepError(f"{where}: expected a table of sweep keys, not {_kind(d)}")
     bad = sorted(set(d) - _TOP_KEYS)
     if bad:
         raise SweepError(f"{where}: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(_TOP_KEYS))}")
+    here = os.path.dirname(os.path.abspath(where)) if where != "sweep" else None
     models = []
-    for i, m in enumerate(d.get("model", [])):
+    for i, m in enumerate(_tables(d, "model", where)):
         w = f"{where}: model[{i}]"
-        if not isinstance(m, dict):
-            raise SweepError(f"{w}: expected a [[model]] table")
         badk = sorted(set(m) - _MODEL_KEYS)
         if badk:
             raise SweepError(f"{w}: unknown key(s) {', '.join(badk)}; known: {', '.join(sorted(_MODEL_KEYS))}")
         if ("zoo" in m) == ("path" in m):
             raise SweepError(f"{w}: give exactly one of zoo = NAME or path = FILE")
-        src = f"zoo:{m['zoo']}" if "zoo" in m else str(m["path"])
-        if "path" in m and not os.path.isabs(src) and where != "sweep":
-            src = os.path.join(os.path.dirname(os.path.abspath(where)), src)
-        models.append(parse_model(src, m.get("size"), m.get("calib"), m.get("name")))
-    spaces = [space_from_dict(s, f"{where}: space[{i}]") for i, s in enumerate(d.get("space", []))]
+        for k in ("zoo", "path", "calib", "name"):
+            if k in m and (not isinstance(m[k], str) or not m[k].strip()):
+                raise SweepError(f"{w}: {k} must be a non-empty string, not {_kind(m[k])} ({m[k]!r})")
+        if "size" in m and not (isinstance(m["size"], int) and not isinstance(m["size"], bool)
+                                or isinstance(m["size"], list) and len(m["size"]) == 2
+                                and all(isinstance(v, int) and not isinstance(v, bool) for v in m["size"])):
+            raise SweepError(f"{w}: size must be an integer or [H, W], not {_kind(m['size'])} ({m['size']!r})")
+        src = f"zoo:{m['zoo']}" if "zoo" in m else m["path"]
+        calib = m.get("calib")
+        if here is not None:
+            if "path" in m and not os.path.isabs(src):
+                src = os.path.join(here, src)
+            if calib is not None and not os.path.isabs(calib):
+                calib = os.path.join(here, calib)
+        try:
+            models.append(parse_model(src, m.get("size"), calib, m.get("name")))
+        except SweepError as e:
+            raise SweepError(f"{w}: {e}") from None
+    spaces = [space_from_dict(s, f"{where}: space[{i}]") for i, s in enumerate(_tables(d, "space", where))]
     cons = d.get("constraints", [])
     if isinstance(cons, str):
         cons = [cons]
+    if not isinstance(cons, list) or not all(isinstance(c, str) for c in cons):
+        raise SweepError(f"{where}: constraints must be a string or a list of strings like \"dsp <= 1248\", not "
+                         f"{_kind(cons)}" + (" of other values" if isinstance(cons, list) else ""))
     seed = d.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise SweepError(f"{where}: seed {seed!r} must be an integer")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= 2**32 - 1:
+        raise SweepError(f"{where}: seed {seed!r} must be an integer in 0..{2**32 - 1}")
     opts = d.get("options", {})
     if not isinstance(opts, dict):
-        raise SweepError(f"{where}: options must be a table of compiler options")
+        raise SweepError(f"{where}: options must be a table of compiler options ([options]), not {_kind(opts)}")
     try:
         cs = [parse_constraint(c) for c in cons]
     except SweepError as e:
@@ -670,7 +794,8 @@ def prepare_model(m: ModelSpec, cache_dir: str, seed: int = 0, log: Callable[[st
         elif m.source.startswith("zoo:"):
             model = zoo.build(m.source[4:], tuple(m.size) if isinstance(m.size, list) else m.size)
         else:
-            model = onnx.load(m.source)
+            from opendpu.quant.onnx_in import load_onnx
+            model = load_onnx(m.source)          # the quantizer's loader and messages (validate_model ran it first)
     except (OpenDpuError, ValueError, OSError, onnx.onnx_cpp2py_export.checker.ValidationError) as e:
         raise SweepError(f"model {m.source}: {e}") from None
     shape = _input_shape(model, m)
@@ -730,13 +855,24 @@ def _quant_version() -> str:
 
 
 # ---- the sweep -------------------------------------------------------------------------------------------------
-def plan(spec: SweepSpec, models: list[PreparedModel], cache_dir: str | None) -> tuple[list[Task], list[dict]]:
-    """The tasks of a sweep (model x point), and the points excluded by a resource constraint (rows, not run).
-    A point whose target cannot be built is a task with its reason (a failed row)."""
+PRE_CONSTRAINT_NAMES = RESOURCE_METRICS + ("pp", "cp", "alu_pp", "bank_depth", "img_bg", "clock_mhz", "cores")
+
+
+def pre_constraints(spec: SweepSpec) -> list[Constraint]:
+    """The constraints decided by a point's parameters alone (resources, array, clock, cores): they drop points
+    before any compile. The others (fps, latency_ms, ...) need the compiled program."""
+    return [c for c in spec.constraints if c.name in PRE_CONSTRAINT_NAMES]
+
+
+def _point_values(t: Target) -> dict:
+    return {"pp": t.pp, "cp": t.cp, "alu_pp": t.alu_pp, "bank_depth": t.bank_depth, "img_bg": t.img_bg,
+            "clock_mhz": t.timing.clock_mhz, "cores": t.timing.cores, **resources(t)}
+
+
+def build_points(spec: SweepSpec) -> list[tuple[dict, Target | None, str]]:
+    """Every point of the spec with its target (or None and why not), checked before any work: at least one point
+    is a valid configuration, and the constraints on resources and array parameters keep at least one."""
     points = expand(spec)
-    pre = [c for c in spec.constraints if c.name in RESOURCE_METRICS + ("pp", "cp", "alu_pp", "bank_depth",
-                                                                         "img_bg", "clock_mhz", "cores")]
-    tasks, excluded = [], []
     built: list[tuple[dict, Target | None, str]] = []
     for p in points:
         try:
@@ -746,7 +882,28 @@ def plan(spec: SweepSpec, models: list[PreparedModel], cache_dir: str | None) ->
     if all(t is None for _, t, _ in built):
         raise SweepError(f"no point of the space is a valid configuration ({len(points)} points); the first: "
                          f"{point_id(built[0][0])}: {built[0][2]}")
-    n_ok = 0
+    pre = pre_constraints(spec)
+    if pre:
+        vals = [_point_values(t) for _, t, _ in built if t is not None]
+        if not any(all(c.ok(v[c.name]) for c in pre) for v in vals):
+            parts = []
+            for c in pre:
+                xs = [v[c.name] for v in vals]
+                parts.append(f"{c} excludes {sum(not c.ok(x) for x in xs)} of {len(xs)} ({c.name} in the space: "
+                             f"{min(xs):g}..{max(xs):g})")
+            raise SweepError("the constraints exclude every point, before any compile: " + "; ".join(parts))
+    return built
+
+
+def plan(spec: SweepSpec, models: list[PreparedModel], cache_dir: str | None,
+         built: list[tuple[dict, Target | None, str]] | None = None) -> tuple[list[Task], list[dict]]:
+    """The tasks of a sweep (model x point), and the points excluded by a resource constraint (rows, not run).
+    A point whose target cannot be built is a task with its reason (a failed row). `built`: build_points(spec),
+    when the caller has it already."""
+    if built is None:
+        built = build_points(spec)
+    pre = pre_constraints(spec)
+    tasks, excluded = [], []
     for m in models:
         for p, t, why in built:
             h = hashlib.sha256(json.dumps([RESULT_VERSION, m.hash, point_id(p), spec.options, compiler_version()],
@@ -761,13 +918,7 @@ def plan(spec: SweepSpec, models: list[PreparedModel], cache_dir: str | None) ->
                         f"{c} ({c.name} = {row[c.name]:g})" for c in bad), meets_constraints=False)
                     excluded.append(row)
                     continue
-            n_ok += t is not None
             tasks.append(task)
-    if n_ok == 0:
-        best = {c.name: min((r[c.name] for r in excluded), default=None) for c in pre}
-        raise SweepError("the constraints exclude every point (" + "; ".join(
-            f"{c}: the smallest {c.name} in the space is {best[c.name]:g}" for c in pre if best[c.name] is not None)
-            + ")")
     return tasks, excluded
 
 
@@ -1054,6 +1205,7 @@ def _run_ray(todo: list[Task], srcs: dict, finished, address: str | None, retrie
 
 __all__ = ["ARCH_PARAMS", "TIMING_PARAMS", "PARAMS", "ROW_COLUMNS", "NUMERIC_METRICS", "SweepError", "SweepSpec",
            "ModelSpec", "Space", "Constraint", "Task", "Store", "SweepResult", "load_spec", "spec_from_dict",
-           "parse_model", "parse_constraint", "space_from_dict", "expand", "point_id", "build_target", "resources",
+           "parse_model", "validate_model", "parse_constraint", "space_from_dict", "expand", "point_id", "build_target",
+           "build_points", "pre_constraints", "resources",
            "compile_key", "compiler_version", "prepare_model", "plan", "run", "evaluate", "measure",
            "default_cache_dir", "BOARDS"]

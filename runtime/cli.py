@@ -25,6 +25,18 @@ def _load_graph(path: str):
     return Graph.load(path)
 
 
+def _stem(path: str) -> str:
+    """A model file's name without its suffix: the net its outputs belong to (compiler.outdir)."""
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def _shown(a, path: str, out: str) -> str:
+    """`path` (below the output directory `out`) as the user will find it: inside `build` a verb writes into
+    build's temporary directory, published under `a.shown_dir` when all steps succeed."""
+    shown = getattr(a, "shown_dir", None)
+    return os.path.join(shown, os.path.relpath(path, out)) if shown else path
+
+
 def _write_dump(dirname: str, name: str, arr: np.ndarray) -> str:
     os.makedirs(dirname, exist_ok=True)
     stem = os.path.join(dirname, dump_stem(name))
@@ -61,19 +73,27 @@ def _golden_index(files: list[str]) -> dict[str, str]:
 def _load_plugins(paths) -> None:
     """--op-plugin: import each module file; it registers custom CPU ops with runtime.register_op."""
     import importlib.util
-    from opendpu.runtime.ops import registered_ops
+    from opendpu.runtime.ops import registered_ops, registry_snapshot, restore_registry
     for p in paths or []:
         input_file(p, "--op-plugin")
         if not p.endswith(".py"):
             raise CliError(f"--op-plugin {p}: expected a Python module file (.py)")
         before = set(registered_ops())
+        saved = registry_snapshot()
         name = "opendpu_op_plugin_" + "".join(c if c.isalnum() else "_" for c in os.path.basename(p)[:-3])
         try:
             spec = importlib.util.spec_from_file_location(name, p)
             mod = importlib.util.module_from_spec(spec)
             sys.modules[name] = mod
             spec.loader.exec_module(mod)
+        except SystemExit as e:     # sys.exit() / exit() / raise SystemExit in the module: not opendpu's exit
+            restore_registry(saved)         # a module that fails half-way leaves no op registered, no module
+            sys.modules.pop(name, None)
+            raise CliError(f"--op-plugin {p}: importing it called sys.exit({e.code!r}); a plugin module must only "
+                           f"register ops (runtime.register_op), not exit") from None
         except Exception as e:  # noqa: BLE001 - the user's module: report it, with its location
+            restore_registry(saved)
+            sys.modules.pop(name, None)
             tb = e.__traceback__
             line = ""
             while tb is not None:
@@ -184,9 +204,10 @@ def cmd_run(a) -> int:
     ins = list(a.input or [])
     for p in ins:
         input_file(p, "input")
-    if a.backend == "ref" and (a.timing or a.clock_mhz is not None):
-        raise CliError("--timing and --clock-mhz apply to the timed backends (sim, rtl), not to --backend ref")
-    tm = timing_overrides(a.timing, a.clock_mhz)
+    if a.backend == "ref" and (a.timing or a.clock_mhz is not None or a.board):
+        raise CliError("--timing, --clock-mhz and --board apply to the timed backends (sim, rtl), not to --backend "
+                       "ref")
+    tm = {**_board_timing(a), **timing_overrides(a.timing, a.clock_mhz)}     # given to the program's own array
     inputs_all = [a.model] + ins + list(a.op_plugin or [])
     if a.output:
         check_file(a.output, suffixes=(".npz",), inputs=inputs_all, what="-o")
@@ -200,6 +221,9 @@ def cmd_run(a) -> int:
             raise CliError(f"--golden directory {a.golden} holds no golden .bin file; nothing would be compared")
     _load_plugins(a.op_plugin)
     g = _load_graph(a.model)
+    if a.dump:                  # every tensor the dump may hold: names fit, and none replaces a file not opendpu's
+        check_dir(a.dump, force=a.force, inputs=inputs_all, what="--dump directory",
+                  names=sorted({dump_stem(op.output.name) + e for op in g.ops.values() for e in (".bin", ".txt")}))
     _check_cpu_ops(g)
     gr = GraphRunner(g, backend=a.backend, target=a.target, timing=tm)
     specs = gr.get_inputs()
@@ -214,6 +238,8 @@ def cmd_run(a) -> int:
         print(f"input {s.name}: {np.asarray(x).dtype} {list(np.shape(x))} -> {list(s.dims)} "
               f"{layout_name(s.dims)} ({how})" + (f", quantized with fix_point {s.fix_point}"
                                                   if s.dtype == "xint8" and np.asarray(x).dtype != np.int8 else ""))
+    if a.board and gr.runners:
+        print(_board(a).applied_to([r.target for r in gr.runners.values()]))
     # ---- work
     if a.backend != "ref" and gr.runners:
         _warm_kernels()
@@ -243,9 +269,7 @@ def cmd_run(a) -> int:
         if a.raw:
             arrays.update({f"{name}.fix_point": np.array(fp, np.int32) for name, (v, fp) in outs.items()
                            if fp is not None})
-        tmp = a.output + ".tmp-opendpu.npz"
-        np.savez(tmp, **arrays)
-        os.replace(tmp, a.output)
+        _atomic_write(a.output, lambda tmp: np.savez(tmp, **arrays), "output")
         print(f"wrote {a.output} ({len(outs)} output(s), "
               + ("raw int8 with '<name>.fix_point' arrays" if a.raw else "float32 real values") + ")")
     rc = 0
@@ -260,7 +284,8 @@ def cmd_run(a) -> int:
         for sgname, outs_ in res.dpu_outputs.items():
             layer_vals.update(outs_)
         if a.dump:
-            with DirOutput(a.dump, force=a.force, inputs=inputs_all, what="--dump directory") as tmpd:
+            with DirOutput(a.dump, force=a.force, inputs=inputs_all, what="--dump directory",
+                           net=_stem(a.model)) as tmpd:
                 for name, v in layer_vals.items():
                     _write_dump(tmpd, name, v)
             print(f"wrote {len(layer_vals)} tensors (.bin + .txt) to {a.dump}")
@@ -452,35 +477,46 @@ def cmd_targets(a) -> int:
 
 
 # ---- profile / sweep / cosim ------------------------------------------------------------------------------
-def _write_announced(path: str, fn, what: str) -> None:
-    """Write through a temporary sibling, then rename: a failure leaves no partial file."""
-    root, ext = os.path.splitext(path)
-    tmp = f"{root}.tmp-opendpu{ext}"
+def _atomic_write(path: str, fn, what: str) -> None:
+    """fn(tmp) writes a new uniquely named hidden sibling with the same suffix, renamed onto `path`: a failure
+    leaves no partial file, and no file of the user's is ever used as the temporary."""
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
+                       f".opendpu-tmp-{os.getpid()}-{os.urandom(4).hex()}{os.path.splitext(path)[1]}")
     try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))      # ordinary permissions (umask)
         fn(tmp)
         os.replace(tmp, path)
     except OSError as e:
         raise CliError(f"cannot write the {what} to {path}: {e.strerror or e}") from None
     finally:
-        if os.path.exists(tmp):
+        if os.path.lexists(tmp):
             os.remove(tmp)
+
+
+def _write_announced(path: str, fn, what: str) -> None:
+    """Write through a temporary sibling, then rename (`_atomic_write`); then say so."""
+    _atomic_write(path, fn, what)
     print(f"wrote {what} to {path}")
 
 
-def _board_timing(a, dpus) -> dict:
-    """--board: the timing the board sets (clock, cores, DDR, host overhead, calibrated DPU timing), after checking
-    that every DPU subgraph's array is the board's; {} without --board."""
+def _board(a):
+    """--board: the board profile (isa/boards.py), None without --board; an unknown name is a mistake."""
     from opendpu.isa.boards import get_board
     from opendpu.isa.target import TargetError
     if not getattr(a, "board", None):
-        return {}
+        return None
     try:
-        b = get_board(a.board)
-        for d in dpus:
-            b.check(d.target)
+        return get_board(a.board)
     except TargetError as e:
         raise CliError(f"--board {a.board}: {e}") from None
-    return b.timing()
+
+
+def _board_timing(a) -> dict:
+    """--board: the timing the board sets (clock, cores, DDR, host overhead, calibrated DPU timing); {} without
+    --board. It is given to the program's own array, whatever it is (the rule of `sweep`, docs/decisions.md): a
+    board's DPU is built for the design, so any array runs there with the board's clock, DDR and host."""
+    b = _board(a)
+    return b.timing() if b is not None else {}
 
 
 def cmd_profile(a) -> int:
@@ -488,7 +524,8 @@ def cmd_profile(a) -> int:
     input_file(a.model, "model")
     if a.compare:
         input_file(a.compare, "--compare model")
-    tm = timing_overrides(a.timing, a.clock_mhz)
+    # the board's timing, for the program's own array; --timing / --clock-mhz override it
+    tm = {**_board_timing(a), **timing_overrides(a.timing, a.clock_mhz)}
     inputs = [a.model] + ([a.target] if a.target and os.path.isfile(a.target) else []) + list(a.op_plugin or []) \
         + ([a.compare] if a.compare else [])
     outs = (("trace", (".json",)), ("json", (".json",)), ("csv", (".csv",)), ("instructions", (".csv",)),
@@ -516,12 +553,10 @@ def cmd_profile(a) -> int:
         if a.target:
             _check_target(dpu, a.target)
         dpu.validate(tgt)
-    tm = {**_board_timing(a, dpus), **tm}           # --timing / --clock-mhz override the board
     other = None
     if a.compare:
         other = _load_graph(a.compare)
         odpus = [DpuSubgraph(other, sg) for sg in _select_dpu_subgraphs(other, a.compare)]
-        _board_timing(a, odpus)
         for d in odpus:
             d.validate(None)
     _warm_kernels()
@@ -540,9 +575,11 @@ def cmd_profile(a) -> int:
         if bank:                            # cycles lost to the bank-port arbitration (docs/bank-ports.md)
             print("  bank-port stalls: " + ", ".join(f"{k} {v}" for k, v in bank.items()) + " cycles")
     if a.board:
+        board = _board(a)
+        print("\n" + board.applied_to([sp.target for sp in prof.subgraphs]))
         tp = prof.throughput()
         tmg = prof.subgraphs[0].target.timing
-        print(f"\nboard {a.board}: {tmg.cores} core(s) at {tmg.clock_mhz:g} MHz, host {tmg.frame_overhead_us} us per "
+        print(f"board {a.board}: {tmg.cores} core(s) at {tmg.clock_mhz:g} MHz, host {tmg.frame_overhead_us} us per "
               f"DPU run, DDR {tmg.board_ddr_mbps} MB/s x {tmg.ddr_efficiency_pct} %: {tp.fps:.1f} fps "
               f"({'DDR-bound' if tp.ddr_bound else 'compute-bound'}; {tp.latency_ms:.3f} ms per frame per core, "
               f"{tp.ddr_bytes / 1e6:.2f} MB per frame, {tp.ddr_mbps:.0f} MB/s of DDR) [docs/calibration.md]")
@@ -556,6 +593,8 @@ def cmd_profile(a) -> int:
         both = sum(1 for r in side[:-1] if r["rt_ms_a"] is not None and r["rt_ms_b"] is not None)
         print("\n" + format_side_by_side(side, a.model, a.compare))
         print(f"{both} layer(s) in both programs, {len(side) - 1 - both} in one only")
+        if a.board:
+            print(f"--compare {a.compare}: " + _board(a).applied_to([sp.target for sp in oprof.subgraphs]))
 
     def write_txt(p):
         with open(p, "w") as f:
@@ -578,29 +617,35 @@ def cmd_profile(a) -> int:
     return 0
 
 
-def _arch_sweep_wanted(a) -> bool:
-    """An architecture sweep (compile per point) unless the command is the timing-only sweep of one compiled
-    program: one .xmodel, --param over timing fields only, no --spec, -o, --constraint or other sweep option."""
-    from opendpu.isa.target import Timing
-    if a.spec or a.output or a.constraint or a.samples or a.plot or a.verify_rtl or a.executor != "local" \
-            or len(a.models) != 1 or not a.models[0].endswith(".xmodel"):
-        return True
-    for s in a.param or []:
-        if s.split("=", 1)[0].strip() not in Timing.__dataclass_fields__:
-            return True
-    if a.models and os.path.isfile(a.models[0]):
-        from opendpu.compiler.frontend import detect_form
-        try:
-            return detect_form(_load_graph(a.models[0])) != "compiled"
-        except Exception:                    # noqa: BLE001 - the timing-only path reports the file's problem
-            return False
-    return False
+def _arch_sweep_wanted(a) -> str | None:
+    """The sweep's mode (docs/sweeps.md "Modes"): None for the timing-only sweep of one compiled program (one
+    compiled .xmodel, every --param a timing field, no --spec), else why it is an architecture sweep (compile per
+    point). Options decide nothing: one that the chosen mode does not use is an error (sweep_cli)."""
+    from opendpu.runtime.archsweep import ARCH_PARAMS
+    if a.spec:
+        return "--spec is given"
+    if len(a.models) != 1:
+        return f"{len(a.models)} models" if a.models else "no MODEL argument"
+    m = a.models[0]
+    if m.startswith("zoo:"):
+        return f"{m} is a zoo model"
+    if not m.endswith(".xmodel"):
+        return f"{m} is not a compiled .xmodel"
+    arch = [k for k in (s.split("=", 1)[0].strip() for s in a.param or []) if k in ARCH_PARAMS]
+    if arch:
+        return f"--param {arch[0]} is an architecture parameter"
+    from opendpu.compiler.frontend import detect_form
+    a.model = m                          # errors name the file
+    a.sweep_graph = _load_graph(m)      # a missing or damaged file is reported as such, in either mode
+    form = detect_form(a.sweep_graph, m)
+    return None if form == "compiled" else f"{m} is a quantized xmodel, not a compiled one"
 
 
 def cmd_sweep(a) -> int:
-    if _arch_sweep_wanted(a):
+    why = _arch_sweep_wanted(a)
+    if why:
         from opendpu.runtime.sweep_cli import cmd_arch_sweep
-        return cmd_arch_sweep(a)
+        return cmd_arch_sweep(a, why)
     a.model = a.models[0]
     return _timing_sweep(a)
 
@@ -609,6 +654,7 @@ def _timing_sweep(a) -> int:
     from opendpu.isa.target import get_target
     from opendpu.runtime.dpu import DpuSubgraph
     from opendpu.runtime.progress import progress_bar
+    from opendpu.runtime.sweep_cli import TIMING_MODE, timing_mode_conflict
     from opendpu.sim.sweep import SWEEP_COLUMNS, sweep
     input_file(a.model, "model")
     if not a.param:
@@ -626,12 +672,15 @@ def _timing_sweep(a) -> int:
         axes[k] = [timing_value(k, v, "--param") for v in parts]
         if len(set(axes[k])) != len(axes[k]):
             raise CliError(f"--param {k}: a value is repeated ({vals})")
+    conflict = timing_mode_conflict(a)
+    if conflict:
+        raise CliError(conflict)
     npoints = int(np.prod([len(v) for v in axes.values()]))
     if npoints > 100000:
         raise CliError(f"--param: {npoints} points (the cartesian product) is too many; at most 100000")
     if a.csv:
         check_file(a.csv, suffixes=(".csv",), inputs=[a.model], what="--csv")
-    g = _load_graph(a.model)
+    g = getattr(a, "sweep_graph", None) or _load_graph(a.model)
     dpus = [DpuSubgraph(g, sg) for sg in _select_dpu_subgraphs(g, a.model)]
     t = dpus[0].target
     if a.target:
@@ -643,6 +692,8 @@ def _timing_sweep(a) -> int:
         raise CliError(f"{a.model}: DPU subgraphs were compiled for different targets; sweep one model per target")
     for d in dpus:
         d.validate(t)
+    print(f"sweep: {TIMING_MODE}: {a.model}, {npoints} point(s) of {', '.join(axes)} (no recompilation)",
+          flush=True)
     _warm_kernels()
     with progress_bar(f"sweep {npoints} points", enabled=npoints > 1) as prog:
         rows = sweep([d.arrays for d in dpus], t, axes, progress=prog)
@@ -666,7 +717,7 @@ def cmd_cosim(a) -> int:
     """RTL vs cycle model on an xmodel's DPU subgraphs, or on random generated programs."""
     from opendpu.isa.target import get_target
     from opendpu.runtime.progress import progress_bar
-    from opendpu.runtime.cosim import check_target_matches, cosim_programs, dump_waves, subgraph_program
+    from opendpu.runtime.cosim import check_target_matches, cosim_programs, dump_waves, subgraph_program, waves_names
     if a.bank_conflicts and not a.random:
         raise CliError("--bank-conflicts applies to --random programs only")
     if a.model and a.random:
@@ -713,6 +764,9 @@ def cmd_cosim(a) -> int:
             xs = [rng.integers(-128, 128, size=s.dims, dtype=np.int8) for s in dsg.inputs]
             instrs, sizes, init = subgraph_program(dsg, xs)
             groups.append((t, [(sg.name, instrs, sizes, init)]))
+    if a.waves:                 # the window files any program may write: checked before any run
+        check_dir(a.waves, force=a.force, inputs=[a.model] if a.model else [], what="--waves directory",
+                  names=sorted({n for _, progs in groups for p in progs for n in waves_names(p[0])}))
     _warm_kernels()
     bad = 0
     for t, progs in groups:
@@ -728,7 +782,7 @@ def cmd_cosim(a) -> int:
                     os.makedirs(a.waves, exist_ok=True)
                     path = dump_waves(t, prog_, rep, a.waves, backend=a.rtl_sim)
                     from opendpu.compiler.outdir import record
-                    record(a.waves, [os.path.basename(path), os.path.basename(path)[:-4] + ".gtkw"])
+                    record(a.waves, list(waves_names(prog_[0])), net=_stem(a.model) if a.model else "random")
                     print(f"wrote the waveform window to {path} (+ .gtkw)")
         print(f"{len(reps)} program(s) on {t.name or t.describe()}: {sum(r.ok for r in reps)} match; "
               f"{dt:.1f} s wall including build")
@@ -754,30 +808,59 @@ def _onnx_input_shape(path: str, input_shape: list[int] | None = None) -> list[i
     from opendpu.quant.onnx_in import _static_input_shapes, load_onnx
     shp = _static_input_shapes(load_onnx(path), path, input_shape)[0][1]
     if input_shape is not None and (len(input_shape) != len(shp) or list(input_shape[1:]) != shp[1:]):
-        raise CliError(f"--input-shape {','.join(map(str, input_shape))} does not match the model input "
-                       f"{shp} of {path}")
+        given = ",".join(map(str, input_shape))
+        decl = _dynamic_input(path) or ",".join(map(str, shp))
+        hint = ""
+        if len(input_shape) == 4 and len(shp) == 4 and input_shape[3] == shp[1]:
+            hint = (f"; {given} reads as NHWC, but --input-shape takes the ONNX model's own layout: "
+                    f"{input_shape[0]},{input_shape[3]},{input_shape[1]},{input_shape[2]}")
+        raise CliError(f"--input-shape {given} does not match the model input {decl} (NCHW) of {path}{hint}")
     return shp
 
 
-def _calib_shape(model: str, calib: str) -> list[int] | None:
-    """For a model with dynamic input dimensions and no --input-shape: [1] + the shape of one calibration sample
-    (a .npy / .npz file of [N, C, H, W]); None when the model's shape is static or the data says nothing."""
+def _dynamic_input(model: str) -> str | None:
+    """'N,1,H,W': the declared shape of an ONNX model's input when a dimension after the batch is dynamic (a
+    dim_param name, '?' when unnamed); None when those are static, or for an input the quantizer refuses with its
+    own message (_onnx_input_shape)."""
     from opendpu.quant.onnx_in import _declared_dims, load_onnx
     m = load_onnx(model)                    # a bad model is reported as such, before the data is read
     inits = {i.name for i in m.graph.initializer}
     vis = [vi for vi in m.graph.input if vi.name not in inits]
-    if len(vis) != 1 or vis[0].type.WhichOneof("value") != "tensor_type" or \
-            all(v is not None for v, _ in _declared_dims(vis[0].type.tensor_type, None)[1:]):
-        return None                         # static, or refused with its own message by _onnx_input_shape
-    if not os.path.isfile(calib):
+    if len(vis) != 1 or vis[0].type.WhichOneof("value") != "tensor_type":
+        return None
+    decl = _declared_dims(vis[0].type.tensor_type, None)
+    if all(v is not None for v, _ in decl[1:]):
+        return None
+    return ",".join(str(v) if v is not None else (p or "?") for v, p in decl)
+
+
+def _calib_shape(model: str, calib: str) -> list[int] | None:
+    """For a model with dynamic input dimensions and no --input-shape: [1] + the shape of one calibration sample
+    (an .npy / .npz file of [N, C, H, W], or a folder's first file, [N, C, H, W] or one [C, H, W] sample); None when
+    the model's shape is static or the data says nothing."""
+    decl = _dynamic_input(model)
+    if decl is None:
+        return None
+    path = calib
+    if os.path.isdir(calib):
+        files = sorted(f for f in os.listdir(calib) if f.endswith((".npy", ".npz")))
+        if not files:
+            return None                     # calib_arrays names the empty folder
+        path = os.path.join(calib, files[0])
+    if not os.path.isfile(path):
         return None
     from opendpu.quant.quantize import _load_array
-    x = _load_array(calib, "calibration data")
-    return [1] + [int(d) for d in x.shape[1:]] if x.ndim >= 2 else None
+    x = _load_array(path, "calibration data")
+    rank = len(decl.split(","))
+    if x.ndim == rank:
+        return [1] + [int(d) for d in x.shape[1:]]
+    if x.ndim == rank - 1 and os.path.isdir(calib):
+        return [1] + [int(d) for d in x.shape]
+    return None
 
 
 def cmd_quantize(a) -> int:
-    from opendpu.quant.quantize import QuantConfig, calib_arrays, quantize
+    from opendpu.quant.quantize import QuantConfig, calib_arrays, output_names, quantize
     input_file(a.model, "model")
     input_path(a.calib, "--calib")
     ins = [a.model, a.calib]
@@ -785,22 +868,32 @@ def cmd_quantize(a) -> int:
         ins.append(input_file(a.quant_info, "--quant-info"))
     if a.evaluate:
         ins.append(input_file(a.evaluate, "--evaluate"))
-    check_dir(a.output, force=a.force, inputs=ins, what="output directory (-o)")
+    check_dir(a.output, force=a.force, inputs=ins, what="output directory (-o)", names=output_names(a.model))
     cfg = QuantConfig(method=a.method, weight_method=a.weight_method, statistic=a.statistic,
                       percentile=a.percentile, batch_size=a.batch_size, calib_limit=a.calib_limit,
                       replace_sigmoid=a.replace_sigmoid, replace_silu=a.replace_silu, bias_corr=a.bias_corr,
                       fast_finetune=a.fast_finetune, nodes_to_exclude=tuple(a.exclude_nodes or ()), seed=a.seed)
-    shape = _onnx_input_shape(a.model, a.input_shape or _calib_shape(a.model, a.calib))
-    x = calib_arrays(a.calib, shape, cfg.calib_limit)      # checked before any work; errors name the file
+    from_data = None if a.input_shape else _calib_shape(a.model, a.calib)
+    shape = _onnx_input_shape(a.model, a.input_shape or from_data)
+    # checked before any work; errors name the file. Constant data is refused unless no calibration runs
+    x = calib_arrays(a.calib, shape, cfg.calib_limit, check_values=not a.quant_info)
     ev_data = None
     if a.evaluate:                          # checked before calibration, so a bad evaluation set costs nothing
         from opendpu.quant.onnx_in import QuantError
-        from opendpu.quant.quantize import eval_arrays
+        from opendpu.quant.quantize import eval_arrays, output_classes
         ex, ey = _npz_or_npy(a.evaluate, "--evaluate")
         try:
-            ev_data = eval_arrays(ex, shape, ey)
+            classes = output_classes(a.model, shape) if ey is not None else None
+            ev_data = eval_arrays(ex, shape, ey, classes)
         except QuantError as e:
             raise CliError(f"--evaluate {a.evaluate}: {e}") from None
+    if from_data:
+        print(f"input shape {_dynamic_input(a.model)} (NCHW) of {a.model} taken from the calibration data "
+              f"{a.calib}: {','.join(map(str, shape))}; --input-shape N,C,H,W sets it")
+    if not a.quant_info:
+        from opendpu.quant.quantize import calib_warnings
+        for w in calib_warnings(x, f"calibration data {a.calib}"):
+            _warn(w)
     t0 = time.perf_counter()
     from opendpu.runtime.progress import progress_bar
     with progress_bar("calibration") as prog:
@@ -821,7 +914,7 @@ def cmd_quantize(a) -> int:
         print("  evaluate: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in ev.items()))
     for k in ("xmodel", "onnx", "quant_info", "golden", "report", "report_json"):
         if k in paths:
-            print(f"wrote {k:10s} {paths[k]}")
+            print(f"wrote {k:10s} {_shown(a, paths[k], a.output)}")
     return 0
 
 
@@ -855,7 +948,8 @@ def cmd_inspect(a) -> int:
         raise CliError(f"--image-format {a.image_format}: graph images are not generated by opendpu (the text "
                        f"report inspect_<target>.txt is); drop the option")
     targets = _inspect_targets(a.target)
-    check_dir(a.output, force=a.force, inputs=[a.model], what="output directory (-o)")
+    names = [f"inspect_{t.name}.txt" for t in targets]
+    check_dir(a.output, force=a.force, inputs=[a.model], what="output directory (-o)", names=names)
     reports = []                # (target, coverage, full text, text at --verbose)
     if a.model.endswith(".xmodel"):
         from opendpu.compiler.frontend import canonicalize, detect_form
@@ -871,6 +965,12 @@ def cmd_inspect(a) -> int:
             part = partition(cg, t)
             reports.append((t, coverage(part), format_partition(t, part, 2), format_partition(t, part, a.verbose)))
     else:
+        decl = None if a.input_shape else _dynamic_input(a.model)
+        if decl:                # the rule of every verb: --input-shape, else the calibration data; inspect has none
+            dyn = [f"dimension {i} ({d})" for i, d in enumerate(decl.split(",")) if i and not d.isdigit()]
+            raise CliError(f"{a.model}: input shape {decl} (NCHW): {' and '.join(dyn)} "
+                           f"{'are' if len(dyn) > 1 else 'is'} dynamic; give --input-shape N,C,H,W (NCHW) (quantize "
+                           f"and build take it from their calibration data; inspect reads no data)")
         shape = _onnx_input_shape(a.model, a.input_shape)
         _, prep, rows0 = inspect_model(a.model, targets[0], shape)
         for t in targets:
@@ -880,8 +980,8 @@ def cmd_inspect(a) -> int:
     if a.verbose:
         for *_, text in reports:
             print(text, end="")
-    names = [f"inspect_{t.name}.txt" for t, *_ in reports]
-    with DirOutput(a.output, force=a.force, inputs=[a.model]) as tmp:
+    with DirOutput(a.output, force=a.force, inputs=[a.model], what="output directory (-o)",
+                   net=_stem(a.model)) as tmp:
         for name, (_, _, full, _) in zip(names, reports):
             with open(os.path.join(tmp, name), "w") as f:
                 f.write(full)
@@ -901,7 +1001,7 @@ def cmd_zoo(a) -> int:
     if len(set(names)) != len(names):
         raise CliError(f"a zoo model is named twice: {' '.join(names)}")
     if a.export:
-        check_dir(a.export, force=a.force, what="--export directory")
+        check_dir(a.export, force=a.force, what="--export directory", names=[f"{n}.onnx" for n in names])
     built: dict = {}
     rows = zoo.summary(names, a.size, models=built)
     print(f"{'model':14s} {'input':16s} {'GMACs':>7s} {'GOPs':>7s} {'params':>11s} {'published GOPs':>14s} "
@@ -913,7 +1013,8 @@ def cmd_zoo(a) -> int:
               f"{(f'{pg:.3f}' if pg else '-'):>14s} {(f'{pp:,}' if pp else '-'):>16s}")
     if a.export:
         import onnx
-        with DirOutput(a.export, force=a.force, what="--export directory") as tmp:
+        with DirOutput(a.export, force=a.force, what="--export directory",
+                       net=lambda rel: rel[:-len(".onnx")]) as tmp:     # each exported model is a net of its own
             for n in names:
                 onnx.save(built[n], os.path.join(tmp, f"{n}.onnx"))
         for n in names:
@@ -936,7 +1037,7 @@ def _compile_target(a):
 
 def cmd_compile(a) -> int:
     """vai_c_xir: a quantized xmodel -> DIR/NAME.xmodel, DIR/NAME_org.xmodel, DIR/meta.json, DIR/report.json/.txt."""
-    from opendpu.compiler.pipeline import check_dump_after, check_graph, check_name, parse_options
+    from opendpu.compiler.pipeline import check_dump_after, check_graph, check_name, output_names, parse_options
     from opendpu.compiler.partition import format_coverage, target_label
     from opendpu.compiler.pipeline import compile as compile_graph
     input_file(a.xmodel, "-x model")
@@ -945,17 +1046,18 @@ def cmd_compile(a) -> int:
     opts = parse_options(a.options) if a.options is not None else {}
     dumps = check_dump_after(a.dump_after)
     inputs = [a.xmodel] + ([a.arch] if a.arch else []) + ([a.target] if a.target and os.path.isfile(a.target) else [])
-    check_dir(a.output_dir, force=a.force, inputs=inputs, what="output directory (-o)")
+    check_dir(a.output_dir, force=a.force, inputs=inputs, what="output directory (-o)",
+              names=output_names(name, dumps))
     g = _load_graph(a.xmodel)
     check_graph(g, a.recompile, opts)
     from opendpu.runtime.costmodel import cycle_model
     res = compile_graph(g, target, name=name, recompile=a.recompile, dump_after=dumps, log=print, cycles=cycle_model,
                         **opts)
-    with DirOutput(a.output_dir, force=a.force, inputs=inputs, what="output directory (-o)") as tmp:
+    with DirOutput(a.output_dir, force=a.force, inputs=inputs, what="output directory (-o)", net=name) as tmp:
         written = [os.path.basename(p) for p in res.write(tmp)]       # files() serialises the graph: once
     print(format_coverage(res.meta["coverage"], target_label(target)))
     for f in written:
-        print(f"wrote {os.path.join(a.output_dir, f)}")
+        print(f"wrote {_shown(a, os.path.join(a.output_dir, f), a.output_dir)}")
     return 0
 
 
@@ -970,8 +1072,9 @@ def _verb_args(argv: list[str]):
 def cmd_build(a) -> int:
     """quantize + compile + check in one step, all outputs under one directory (published only when all succeed)."""
     from opendpu.compiler.partition import format_coverage, target_label
-    from opendpu.compiler.pipeline import check_name, parse_options
+    from opendpu.compiler.pipeline import check_name, output_names, parse_options
     from opendpu.isa.target import get_target
+    from opendpu.quant.quantize import output_names as quant_names
     input_file(a.model, "model")
     input_path(a.calib, "--calib")
     target = get_target(a.target)
@@ -980,7 +1083,8 @@ def cmd_build(a) -> int:
     if a.options is not None:
         parse_options(a.options)
     inputs = [a.model, a.calib] + ([a.target] if os.path.isfile(a.target) else [])
-    check_dir(a.output, force=a.force, inputs=inputs, what="output directory (-o)")
+    check_dir(a.output, force=a.force, inputs=inputs, what="output directory (-o)",
+              names=[f"quantized/{f}" for f in quant_names(a.model)] + [f"compiled/{f}" for f in output_names(name)])
     # the three verbs' own arguments, checked before any work; their paths are set inside the output below
     q = _verb_args(["quantize", a.model, "--calib", a.calib, "--target", a.target, "-o", "quantized",
                     "--seed", str(a.seed)] + (["--method", a.method] if a.method else [])
@@ -992,9 +1096,10 @@ def cmd_build(a) -> int:
     c = _verb_args(["compile", "-x", "quantized.xmodel", "--target", a.target, "-o", "compiled", "-n", name]
                    + (["--options", a.options] if a.options is not None else []))
     k = _verb_args(["check", f"{name}.xmodel", "-n", str(a.check_n), "--seed", str(a.seed)])
-    out = DirOutput(a.output, force=a.force, inputs=inputs, what="output directory (-o)")
+    out = DirOutput(a.output, force=a.force, inputs=inputs, what="output directory (-o)", net=name)
     with out as tmp:
         q.output, c.output_dir = os.path.join(tmp, "quantized"), os.path.join(tmp, "compiled")
+        q.shown_dir, c.shown_dir = os.path.join(a.output, "quantized"), os.path.join(a.output, "compiled")
         q.fn(q)
         found = sorted(f for f in os.listdir(q.output) if f.endswith("_int.xmodel"))
         if len(found) != 1:
@@ -1024,6 +1129,8 @@ def cmd_compare(a) -> int:
         check_file(a.json, suffixes=(".json",), inputs=[a.model, a.data], what="--json")
     c = Comparison(a.model, a.build_dir, a.data, task=a.task, backend=a.backend, limit=a.limit,
                    score_threshold=a.score_threshold, iou=a.iou)
+    for w in c.warnings:
+        _warn(w)
     if a.backend == "sim" and c.runner.runners:
         _warm_kernels()
     from opendpu.runtime.progress import progress_bar
@@ -1083,8 +1190,18 @@ _EXAMPLES = {
     "xmodel": "examples:\n  opendpu xmodel dpu_mnist_classifier.xmodel -v",
     "profile": """examples:
   opendpu profile model.xmodel --trace t.json --plot p.png --csv layers.csv
-  opendpu profile model.xmodel --timing ddr_latency=80 --clock-mhz 250""",
-    "sweep": """examples:
+  opendpu profile model.xmodel --timing ddr_latency=80 --clock-mhz 250
+  opendpu profile b3136/net.xmodel --board kr260                # the board's timing on the program's B3136""",
+    "sweep": """modes (the first line of the output names the mode):
+  timing-only   one compiled .xmodel, every --param a timing field, no --spec: times that program for each
+                point, no recompilation; prints the rows, --csv F writes them; --target checks the model's target
+  architecture  anything else (zoo:NAME, .onnx, a quantized .xmodel, several models, --spec, or an architecture
+                --param: preset, board, pp, cp, alu_pp, bank_depth, img_bg): compiles each model per point; needs
+                -o DIR; takes --spec --samples --seed --constraint --calib --cache --plot --heatmap --breakdown
+                --executor --address --workers --verify-rtl
+  An option of the other mode is an error naming the mode (adding -o never switches the mode).
+
+examples:
   opendpu sweep zoo:resnet50 zoo:mobilenet_v2 --param preset=B512,B1024,B4096 --param board=zcu102,kv260 -o sw
   opendpu sweep net.onnx --calib c.npy --param pp=2,4,8 --param cp=8,12,16 --constraint 'dsp <= 1248' -o sw --plot sw
   opendpu sweep --spec sweep.toml -o sw --executor ray --address 10.0.0.1:6379
@@ -1118,18 +1235,31 @@ def _version() -> str:
         return "0.1.0"
 
 
+_OUT_RULE = ("created, or opendpu's own: marker .opendpu-output with each file's size and hash; replaced per net: "
+             "a rerun removes only the files its own earlier run wrote that are unchanged, each printed; files of "
+             "other nets and files opendpu did not write are never deleted")
+
+
+def _clock_mhz_type():
+    """--clock-mhz: a float in the range Timing accepts (isa.target.TIMING_BOUNDS, the one source of the limits)."""
+    from opendpu.isa.target import TIMING_BOUNDS
+    return float_range(*TIMING_BOUNDS["clock_mhz"], lo_open=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="opendpu", description="Open emulator of the AMD DPUCZDX8G (ISA1)", formatter_class=_Fmt)
     p.add_argument("--version", action="version", version=f"opendpu {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="VERB")
+    CLOCK_MHZ = _clock_mhz_type()
 
     def verb(name, help_):
         return sub.add_parser(name, help=help_, description=help_, epilog=_EXAMPLES.get(name), formatter_class=_Fmt)
 
     def force(x):
         x.add_argument("--force", action="store_true",
-                       help="write into a non-empty directory not written by opendpu (only same-named files are "
-                            "replaced)")
+                       help="also write into a non-empty directory opendpu did not write, and replace a file there "
+                            "that has the name of one of this run's outputs but is not opendpu's unchanged output "
+                            "(each replacement is printed); nothing else is deleted or changed")
 
     def plugin(x):
         x.add_argument("--op-plugin", action="append", metavar="MODULE.py",
@@ -1148,10 +1278,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--backend", choices=("ref", "sim", "rtl"), default="sim",
                    help="ref = XIR reference ops, sim = cycle model, rtl = the Amaranth RTL in Verilator")
     r.add_argument("--target", help="preset name, fingerprint or arch.json (must match the model)")
-    r.add_argument("--dump", metavar="DIR", help="write every observable tensor (.bin + .txt) into this directory")
+    r.add_argument("--dump", metavar="DIR", help="write every observable tensor (.bin + .txt) into this directory "
+                                                 "(" + _OUT_RULE + "; the net is the model's file stem)")
     r.add_argument("--golden", metavar="DIR", help="compare per layer with the golden .bin files in this directory")
-    r.add_argument("--clock-mhz", type=float_range(0, 10000), help="core clock for the reported latency (sim/rtl)")
+    r.add_argument("--clock-mhz", type=CLOCK_MHZ, help="core clock for the reported latency (sim/rtl)")
     r.add_argument("--timing", action="append", metavar="KEY=VALUE", help="override a timing parameter (sim/rtl)")
+    r.add_argument("--board", help="board profile (zcu102, zcu104, kv260, kr260): its clock and the DPU timing fitted "
+                                   "on silicon for the reported cycles, given to the program's own array whatever it "
+                                   "is (sim/rtl; docs/calibration.md); --timing / --clock-mhz override it")
     plugin(r)
     force(r)
     r.set_defaults(fn=cmd_run)
@@ -1180,7 +1314,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("model")
     pr.add_argument("--target", help="preset, fingerprint or arch.json (may carry a 'timing' object); "
                                      "must match the model's fingerprint")
-    pr.add_argument("--clock-mhz", type=float_range(0, 10000), help="core clock (default from the target)")
+    pr.add_argument("--clock-mhz", type=CLOCK_MHZ, help="core clock (default from the target)")
     pr.add_argument("--timing", action="append", metavar="KEY=VALUE",
                     help="override a timing parameter (docs/microarchitecture.md), e.g. ddr_latency=80")
     pr.add_argument("--trace", metavar="T.json", help="write a Chrome/Perfetto trace JSON (one track per engine)")
@@ -1193,7 +1327,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--roofline", metavar="R.png", help="write the per-layer roofline: ops per DDR byte against "
                                                         "achieved GOP/s under the peak and DDR roofs")
     pr.add_argument("--board", help="board profile: clock, cores, DDR, host overhead and the DPU timing fitted on "
-                                    "silicon (zcu102, zcu104, kv260, kr260; docs/calibration.md); also prints the "
+                                    "silicon (zcu102, zcu104, kv260, kr260; docs/calibration.md), given to the "
+                                    "program's own array whatever it is (a B3136 design on a KR260); also prints the "
                                     "board's fps with all its cores")
     pr.add_argument("--compare", metavar="OTHER.xmodel", help="a second program of the same graph (AMD's, or "
                                                               "another configuration): layer-by-layer side by side")
@@ -1204,41 +1339,51 @@ def build_parser() -> argparse.ArgumentParser:
                        "the timing parameters of one compiled program")
     sw.add_argument("models", nargs="*", metavar="MODEL",
                     help="models: .onnx, quantized or compiled .xmodel (recompiled per point), zoo:NAME[@SIZE]; one "
-                         "compiled .xmodel with timing --param only is the timing-only sweep of its program")
+                         "compiled .xmodel with timing --param only (no --spec) is the timing-only mode")
     sw.add_argument("--param", action="append", metavar="NAME=V1,V2,...",
                     help="a parameter and its values (preset, board, pp, cp, alu_pp, bank_depth, img_bg or a timing "
                          "field); several --param give the cartesian product")
     sw.add_argument("--spec", metavar="SWEEP.toml", help="a sweep file: [[model]], [[space]], constraints, seed "
                                                           "(docs/sweeps.md); the same file gives the same points")
-    sw.add_argument("--samples", type=int_range(1, 10**6), metavar="N", help="N random points of the --param grid")
-    sw.add_argument("--seed", type=int_range(0, 2**32 - 1), help="seed of --samples (default 0)")
+    sw.add_argument("--samples", type=int_range(1, 10**6), metavar="N",
+                    help="N random points of the --param grid (at most the grid's size)")
+    sw.add_argument("--seed", type=int_range(0, 2**32 - 1),
+                    help="seed of random points, of the random calibration samples and of --verify-rtl inputs "
+                         "(default 0, or the spec's seed)")
     sw.add_argument("--constraint", action="append", metavar="EXPR",
-                    help="e.g. 'dsp <= 1248' (a KV260) or 'bram36 <= 144'; resource constraints drop points before "
-                         "compiling, others (fps, latency_ms, ...) keep them off the Pareto front")
-    sw.add_argument("--calib", metavar="DATA", help="calibration data for ONNX models (.npy/.npz/folder; default: "
-                                                    "random N(0,1) samples, cycles do not depend on values)")
+                    help="e.g. 'dsp <= 1248' (a KV260) or 'bram36 <= 144'; constraints on resources and array "
+                         "parameters drop points before compiling (an error when they drop every point), others "
+                         "(fps, latency_ms, ...) keep them off the Pareto front (a line says when no point meets them)")
+    sw.add_argument("--calib", metavar="DATA", help="calibration data for the .onnx MODEL arguments (.npy/.npz/"
+                                                    "folder; default: random N(0,1) samples, cycles do not depend "
+                                                    "on values)")
     sw.add_argument("-o", "--output", metavar="DIR", help="sweep directory: per-point results (resumable), "
                                                           "sweep.csv/.json/.parquet, pareto.csv, summary.md/.html")
-    sw.add_argument("--cache", metavar="DIR", help="compile cache (default ~/.cache/opendpu/sweep)")
-    sw.add_argument("--executor", choices=("local", "ray"), default="local",
-                    help="local process pool (default) or a Ray cluster (--address)")
-    sw.add_argument("--address", metavar="HOST:PORT", help="Ray cluster address (default: start a local one)")
-    sw.add_argument("--workers", type=int_range(1, 256), metavar="N", help="local worker processes (default: CPUs)")
-    sw.add_argument("--plot", metavar="DIR", help="write the figures (Pareto, heatmap, bottleneck breakdown) here")
-    sw.add_argument("--heatmap", metavar="PX,PY", help="the two swept parameters of the heatmap")
-    sw.add_argument("--breakdown", metavar="HASH", help="the point (hash) of the per-layer bottleneck figure")
-    sw.add_argument("--verify-rtl", type=int_range(0, 100), default=0, metavar="K",
+    sw.add_argument("--cache", metavar="DIR", help="compile cache directory, created if missing (default "
+                                                    "~/.cache/opendpu/sweep)")
+    sw.add_argument("--executor", choices=("local", "ray"),
+                    help="local process pool (default local) or a Ray cluster (--address)")
+    sw.add_argument("--address", metavar="HOST:PORT", help="with --executor ray: the Ray cluster's address "
+                                                           "(default: start a local one)")
+    sw.add_argument("--workers", type=int_range(1, 256), metavar="N", help="local worker processes (default: CPUs; "
+                                                                          "not with --executor ray)")
+    sw.add_argument("--plot", metavar="DIR", help="write the figures (Pareto, heatmap, bottleneck breakdown) into "
+                                                  "this directory (inside -o, or a new/empty one or opendpu's)")
+    sw.add_argument("--heatmap", metavar="PX,PY", help="with --plot: the two swept parameters of the heatmap")
+    sw.add_argument("--breakdown", metavar="HASH", help="with --plot: the point (hash) of the per-layer bottleneck "
+                                                        "figure")
+    sw.add_argument("--verify-rtl", type=int_range(0, 100), metavar="K",
                     help="co-simulate K points of the first model's Pareto front on the RTL")
-    sw.add_argument("--target", help="timing-only sweep: preset, fingerprint or arch.json (must match the model)")
-    sw.add_argument("--csv", metavar="S.csv", help="timing-only sweep: write the rows as CSV")
+    sw.add_argument("--target", help="timing-only mode: preset, fingerprint or arch.json (must match the model)")
+    sw.add_argument("--csv", metavar="S.csv", help="timing-only mode: write the rows as CSV")
     sw.set_defaults(fn=cmd_sweep)
     cs = verb("cosim", "co-simulate the RTL against the cycle model (bytes and cycles)")
     cs.add_argument("model", nargs="?", help="xmodel (every DPU subgraph, random inputs)")
     cs.add_argument("--target", help="preset, fingerprint or arch.json (must match the model's bank layout)")
     cs.add_argument("--timing", action="append", metavar="KEY=VALUE", help="override a timing parameter")
     cs.add_argument("--subgraph", help="only this DPU subgraph")
-    cs.add_argument("--random", type=int_range(0, 10000), default=0, metavar="N",
-                    help="N random programs (sim.progen) instead of an xmodel")
+    cs.add_argument("--random", type=int_range(1, 10000), metavar="N",
+                    help="N (at least 1) random programs (sim.progen) instead of an xmodel")
     cs.add_argument("--bank-conflicts", action="store_true",
                     help="random programs crowd their image accesses onto two banks of group 0, so the bank-port "
                          "arbiter is exercised (docs/bank-ports.md)")
@@ -1250,7 +1395,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="RTL simulator flow (cocotb-icarus is ~46x slower; cocotb-verilator builds very slowly, "
                          "docs/rtl.md)")
     cs.add_argument("--waves", metavar="DIR", nargs="?", const="waveforms",
-                    help="on a mismatch, dump a VCD window around the first divergence into DIR")
+                    help="on a mismatch, dump a VCD window around the first divergence into DIR (" + _OUT_RULE
+                         + ")")
     force(cs)
     cs.set_defaults(fn=cmd_cosim)
     q = verb("quantize", "INT8 power-of-two post-training quantization (vai_q semantics)")
@@ -1263,7 +1409,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--percentile", type=float_range(0, 100), default=99.9999,
                    help="percentile for --method percentile, in (0, 100]")
     q.add_argument("--target", help="preset name, fingerprint or arch.json: DPU/CPU placement and its reasons")
-    q.add_argument("-o", "--output", default="quantize_result", help="output directory (created, or opendpu's own)")
+    q.add_argument("-o", "--output", default="quantize_result",
+                   help="output directory (" + _OUT_RULE + "; the net is the model's file stem; quant_info.json, "
+                        "golden/ and report.* are written by every net: the newest one's are kept)")
     q.add_argument("--quant-info", help="reuse the fix points of this quant_info.json (skip calibration)")
     q.add_argument("--batch-size", type=int_range(1, 65536), default=8)
     q.add_argument("--calib-limit", type=int_range(1), help="use at most N calibration samples")
@@ -1289,7 +1437,8 @@ def build_parser() -> argparse.ArgumentParser:
     ip.add_argument("model", help="float ONNX model, or a quantized .xmodel (the compiler's own partition)")
     ip.add_argument("--target", required=True, metavar="T[,T...]",
                     help="preset name, fingerprint or arch.json; several separated by commas")
-    ip.add_argument("-o", "--output", default="quantize_result", help="directory for inspect_<target>.txt")
+    ip.add_argument("-o", "--output", default="quantize_result",
+                    help="directory for inspect_<target>.txt (" + _OUT_RULE + "; the net is the model's file stem)")
     ip.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
                     help="0 quiet, 1 CPU ops, 2 every op")
     ip.add_argument("--image-format", help="not supported (graph images are not generated); an error if given")
@@ -1300,7 +1449,8 @@ def build_parser() -> argparse.ArgumentParser:
     z = verb("zoo", "model zoo: MACs/GOPs/params of the generated topologies; export ONNX")
     z.add_argument("names", nargs="*")
     z.add_argument("--size", type=int_range(32, 1024), help="input size (default: the published one)")
-    z.add_argument("--export", metavar="DIR", help="write the float ONNX models here")
+    z.add_argument("--export", metavar="DIR", help="write the float ONNX models here (" + _OUT_RULE + "; each model "
+                                                   "is a net of its own: an earlier export of other models is kept)")
     force(z)
     z.set_defaults(fn=cmd_zoo)
     cp = verb("compile", "compile a quantized xmodel for a DPU target (vai_c_xir): NAME.xmodel, NAME_org.xmodel, "
@@ -1310,7 +1460,8 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("-a", "--arch", metavar="ARCH.json", help="arch.json naming the target or its fingerprint")
     cp.add_argument("--target", help="preset name, fingerprint or arch.json (instead of -a)")
     cp.add_argument("-o", "--output_dir", "--output-dir", dest="output_dir", required=True,
-                    help="output directory (created, or opendpu's own)")
+                    help="output directory (" + _OUT_RULE + "; other nets' NAME.xmodel are kept, as vai_c_xir does; "
+                         "meta.json and report.* are written by every net: the newest one's are kept)")
     cp.add_argument("-n", "--net_name", "--net-name", dest="net_name", required=True,
                     help="name of the compiled model: the output file stem")
     cp.add_argument("--options", metavar="JSON", help="vai_c options: input_shape, output_ops, prefetch, hd_opt")
@@ -1323,7 +1474,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("model", help="float ONNX model")
     b.add_argument("--calib", required=True, help="calibration data (as for quantize)")
     b.add_argument("--target", required=True, help="preset name, fingerprint or arch.json")
-    b.add_argument("-o", "--output", required=True, help="output directory: quantized/ and compiled/ inside")
+    b.add_argument("-o", "--output", required=True, help="output directory: quantized/ and compiled/ inside ("
+                   + _OUT_RULE + "; the net is -n)")
     b.add_argument("-n", "--net_name", "--net-name", dest="net_name", help="compiled model name (default: the ONNX "
                                                                            "file stem)")
     b.add_argument("--options", metavar="JSON", help="vai_c options for the compile step")

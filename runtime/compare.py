@@ -14,6 +14,7 @@ import re
 import numpy as np
 
 from opendpu.isa.errors import OpenDpuError
+from opendpu.isa.jsonin import check_depth
 
 __all__ = ["compare", "Comparison", "CompareError", "format_report", "to_json", "sqnr_db", "box_iou", "nms",
            "decode_yolo", "match_detections", "DetectionTally", "TASKS", "NMS_IOU"]
@@ -155,8 +156,12 @@ def find_xmodel(build_dir: str) -> str:
         if os.path.isfile(meta):
             try:
                 with open(meta) as f:
-                    name = json.load(f).get("filename")
-            except (OSError, ValueError, AttributeError) as e:
+                    text = f.read()
+                check_depth(text, f"build directory {p}: {meta}", CompareError)
+                name = json.loads(text).get("filename")
+            except CompareError:
+                raise
+            except (OSError, ValueError, AttributeError, RecursionError) as e:
                 raise CompareError(f"build directory {p}: unreadable {meta} ({type(e).__name__})") from None
             x = os.path.join(d, str(name))
             if not name or not os.path.isfile(x):
@@ -314,6 +319,19 @@ class Comparison:
             self.conv[o] = fn
         self.shapes = {o: [int(v) for v in first[o].shape] for o in self.onnx_outputs}
         self.task = self._resolve_task()
+        self.warnings: list[str] = []       # legal but suspicious: the CLI prints each as a warning line
+        if self.y is not None:
+            where = f"data {self.data_name}: labels 'y'"
+            if self.task == "classify":     # a label the output cannot predict would make the accuracy 0 %
+                from opendpu.quant.quantize import check_labels
+                try:
+                    check_labels(self.y, int(np.prod(self.shapes[self.onnx_outputs[0]][1:])), where)
+                except QuantError as e:
+                    raise CompareError(str(e)) from None
+            else:
+                self.warnings.append(f"{where} are not used: task {self.task} measures "
+                                     + ("detection agreement" if self.task == "detect" else "SQNR only")
+                                     + " (labels give an accuracy with task classify)")
 
     def _pair_outputs(self, m) -> dict:
         """ONNX output name -> xmodel output spec, by the names the quantizer gives ops (quant.prepare), else by

@@ -245,6 +245,12 @@ __all__ = ["CosimReport", "Mismatch", "compare", "cosim_programs", "rtl_job", "s
            "check_target_matches", "dump_waves"]
 
 
+def waves_names(name: str) -> tuple[str, str]:
+    """The VCD and .gtkw file names `dump_waves` writes for the program `name` (known before any run)."""
+    stem = "".join(ch if ch.isalnum() else "_" for ch in name)[:60]
+    return f"cosim_{stem}.vcd", f"cosim_{stem}.gtkw"
+
+
 def dump_waves(target, program, rep: CosimReport, out_dir="waveforms", backend="verilator", margin=200,
                progress=None) -> str:
     """Re-run one program with VCD tracing around the first divergence; returns the VCD path.
@@ -258,14 +264,14 @@ def dump_waves(target, program, rep: CosimReport, out_dir="waveforms", backend="
     lo, hi = max(0, c - margin), c + margin
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stem = "".join(ch if ch.isalnum() else "_" for ch in name)[:60]
-    vcd = (out / f"cosim_{stem}.vcd").resolve()
+    vcd_name, gtkw_name = waves_names(name)
+    vcd = (out / vcd_name).resolve()
     b = build(target, backend, ddr_bytes=ddr_needed(sizes), trace=True, progress=_stage(progress, "build"))
     job = rtl_job(name, instrs, sizes, init, simulate(to_arrays(instrs), target), max_cycles=hi + 10)
     run_jobs(b, [job], plusargs=[f"+vcd={vcd}", f"+vcd_from={lo}", f"+vcd_to={hi}"],
              progress=_stage(progress, "rtl"))
     sigs = ["tb_top.dut.cyc", "tb_top.dut.tr_start_v", "tb_top.dut.tr_end_v", "tb_top.dut.tr_ret_v",
             "tb_top.ddr_rd__en", "tb_top.ddr_rd__addr", "tb_top.ap_done"]
-    (out / f"cosim_{stem}.gtkw").write_text(
+    (out / gtkw_name).write_text(
         f"[dumpfile] \"{vcd}\"\n" + "".join(f"{s}\n" for s in sigs))
     return str(vcd)

@@ -36,6 +36,17 @@ def registered_ops() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def registry_snapshot() -> dict:
+    """The registry as it is (op type -> implementation), for `restore_registry` after a plugin failed."""
+    return dict(_REGISTRY)
+
+
+def restore_registry(snapshot: dict) -> None:
+    """Undo every registration since `registry_snapshot()` (a plugin that failed half-way registers nothing)."""
+    _REGISTRY.clear()
+    _REGISTRY.update(snapshot)
+
+
 def _identity(op: Op, ins: list[np.ndarray]) -> np.ndarray:
     return ins[0]
 
@@ -59,6 +70,18 @@ _BUILTIN = {"upload": _identity, "download": _identity, "identity": _identity, "
             "const-fix": _const}
 
 
+def _origin(fn) -> str:
+    """' registered from FILE' for a user implementation (an --op-plugin module), '' for a built-in one."""
+    if fn in _BUILTIN.values():
+        return ""
+    import inspect
+    try:
+        where = inspect.getfile(fn if inspect.isroutine(fn) else type(fn))
+    except TypeError:                   # a built-in callable: no file, at most a module name
+        where = getattr(fn, "__module__", None)
+    return f" registered from {where}" if where else ""
+
+
 def evaluate_op(graph: Graph, op: Op, inputs: list[np.ndarray]) -> np.ndarray:
     """Value of `op`'s output tensor given its input values (in `op.input_ops()` order)."""
     from opendpu.compiler.ref import ops as ref
@@ -69,9 +92,13 @@ def evaluate_op(graph: Graph, op: Op, inputs: list[np.ndarray]) -> np.ndarray:
             out = fn(op, list(inputs))
         except (OpError, XModelError):            # a built-in op's own error already names the op
             raise
+        except SystemExit as e:  # sys.exit() in a registered implementation must not end the run as a success
+            raise OpError(f"op {op.name!r} ({op.type}): the implementation{_origin(fn)} called sys.exit({e.code!r}); "
+                          f"an op implementation returns an array or raises an exception") from None
         except Exception as e:   # a user implementation failing is reported with the op named
             msg = " ".join(str(e).split())
-            raise OpError(f"op {op.name!r} ({op.type}): implementation raised {type(e).__name__}: {msg}") from e
+            raise OpError(f"op {op.name!r} ({op.type}): implementation{_origin(fn)} raised {type(e).__name__}: "
+                          f"{msg}") from e
         try:
             out = np.asarray(out)
         except Exception as e:  # noqa: BLE001 - whatever a user implementation returned

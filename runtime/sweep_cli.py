@@ -8,22 +8,94 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
-from opendpu.runtime.archsweep import (PARAMS, ROW_COLUMNS, Constraint, SweepError, SweepSpec, default_cache_dir,
-                                       expand, load_spec, parse_constraint, parse_model, point_id, prepare_model,
-                                       space_from_dict)
+from opendpu.runtime.archsweep import (PARAMS, ROW_COLUMNS, Constraint, Store, SweepError, SweepSpec,
+                                       default_cache_dir, load_spec, parse_constraint, parse_model, point_id,
+                                       prepare_model, space_from_dict)
 from opendpu.runtime.cli_checks import CliError
 
 VERIFY_MAX_SIZE = 64           # --verify-rtl compiles a zoo model at most this large (input H and W)
 
 
+TIMING_MODE = "timing-only mode (one compiled program, timing parameters)"
+ARCH_MODE = "architecture mode (compile per point)"
+TO_ARCH = ("for an architecture sweep (compile per point), add an architecture parameter (--param preset=B512,... "
+           "or board, pp, cp, alu_pp, bank_depth, img_bg) or --spec")
+TO_TIMING = ("--csv and --target are for the timing-only mode: one compiled .xmodel, --param over timing fields "
+             "only, no --spec")
+# (attribute, flag): the options only the architecture mode uses
+ARCH_ONLY = (("output", "-o"), ("samples", "--samples"), ("seed", "--seed"), ("constraint", "--constraint"),
+             ("calib", "--calib"), ("cache", "--cache"), ("executor", "--executor"), ("address", "--address"),
+             ("workers", "--workers"), ("plot", "--plot"), ("heatmap", "--heatmap"), ("breakdown", "--breakdown"),
+             ("verify_rtl", "--verify-rtl"))
+
+
+def timing_mode_conflict(a) -> str | None:
+    """The error for an architecture-mode option given to a timing-only sweep (it would be ignored), or None."""
+    given = [flag for attr, flag in ARCH_ONLY if getattr(a, attr, None) is not None and getattr(a, attr) != []]
+    if not given:
+        return None
+    what = ("writes no sweep directory; --csv FILE writes its rows" if given[0] == "-o" else "does not use it")
+    return (f"{given[0]}: the sweep is in {TIMING_MODE}, which {what}; {TO_ARCH}"
+            + (f" (also given: {', '.join(given[1:])})" if len(given) > 1 else ""))
+
+
+def _arch_mode_checks(a, mode: str) -> None:
+    """Options the architecture mode would ignore, and combinations that do nothing: errors naming the mode."""
+    for flag, v, why in (("--csv", a.csv, "writes its tables into the -o directory (sweep.csv, .json, .parquet)"),
+                         ("--target", a.target, "compiles for each point's own array (--param preset=..., board, pp, "
+                                                "cp, ...)")):
+        if v:
+            raise SweepError(f"{flag}: the sweep is in {mode}, which {why}; {TO_TIMING}")
+    executor = a.executor or "local"
+    if a.address and executor != "ray":
+        raise SweepError("--address is the Ray cluster of --executor ray; add --executor ray, or leave --address out "
+                         "for the local pool")
+    if a.workers and executor == "ray":
+        raise SweepError("--workers sizes the local pool; with --executor ray the cluster decides (leave --workers "
+                         "out, or use --executor local)")
+    if executor == "ray":
+        import importlib.util
+        if importlib.util.find_spec("ray") is None:
+            raise SweepError("--executor ray needs the ray package (pip install ray==2.60.0)")
+    for flag, v in (("--heatmap", a.heatmap), ("--breakdown", a.breakdown)):
+        if v and not a.plot:
+            raise SweepError(f"{flag} chooses a figure, and figures are drawn only with --plot DIR: add --plot DIR")
+    if a.breakdown and not re.fullmatch(r"[0-9a-f]{16}", a.breakdown):
+        raise SweepError(f"--breakdown {a.breakdown!r}: expected a point hash (16 hex digits, the hash column of "
+                         f"sweep.csv)")
+
+
+def _check_dirs(a, cache: str) -> None:
+    """-o (a new directory, or a sweep's own), --cache and --plot (directories, existing or creatable), before any
+    work; nothing is created here."""
+    from opendpu.compiler.outdir import check_dir
+    Store(a.output).check()                      # a file, or a directory of someone else's
+    check_dir(a.output, force=True, what="sweep directory -o")        # creatable / writable (the probe)
+    check_dir(cache, force=True, what="--cache")   # a shared cache: other files may sit beside opendpu's
+    if a.plot:                  # within the sweep directory: the sweep's own; elsewhere: the output rule (marker)
+        check_dir(a.plot, force=_within(a.plot, a.output), what="--plot")
+
+
+def _within(path: str, root: str) -> bool:
+    """path is root or below it (symlinks resolved)."""
+    p, r = (os.path.realpath(os.path.abspath(x)) for x in (path, root))
+    return p == r or p.startswith(r.rstrip(os.sep) + os.sep)
+
+
 def _spec_from_args(a) -> SweepSpec:
     """The sweep of --spec FILE, with the command line's models, --param axes and --constraint added."""
     spec = load_spec(a.spec) if a.spec else SweepSpec([], [])
+    onnx_args = [m for m in a.models or [] if str(m).strip().endswith(".onnx") and not str(m).startswith("zoo:")]
+    if a.calib and not onnx_args:
+        raise SweepError("--calib: no MODEL argument is an ONNX file (.onnx), the only kind that is quantized on "
+                         "calibration data; leave --calib out (zoo models and .xmodel files take none)"
+                         + (", or give calib = \"...\" in the spec's [[model]]" if a.spec else ""))
     for m in a.models or []:
-        spec.models.append(parse_model(m, calib=a.calib))
+        spec.models.append(parse_model(m, calib=a.calib if m in onnx_args else None))
     if a.param:
         axes: dict = {}
         for s in a.param:
@@ -43,7 +115,8 @@ def _spec_from_args(a) -> SweepSpec:
             d.update(mode="random", samples=a.samples)
         spec.spaces.append(space_from_dict(d, "--param"))
     elif a.samples:
-        raise SweepError("--samples needs --param axes to sample from")
+        raise SweepError("--samples needs --param axes to sample from (a [[space]] of the spec samples with mode = "
+                         "\"random\" and samples = N)")
     for c in a.constraint or []:
         spec.constraints.append(parse_constraint(c))
     if a.seed is not None:
@@ -79,12 +152,15 @@ def _write_outputs(out: str, res, spec: SweepSpec, a) -> dict:
     except ValueError as e:                  # e.g. a heatmap over parameters no ok row has
         raise CliError(f"report: {e}; the results are kept in {out}") from None
     files.update(figs)
+    if a.plot and figs and not _within(a.plot, out):       # mark the figures as opendpu's (the output rule)
+        from opendpu.compiler.outdir import record
+        record(a.plot, [os.path.relpath(p, a.plot) for p in figs.values()])
     files.update({"summary.md": os.path.join(out, "summary.md"), "summary.html": os.path.join(out, "summary.html")})
     return files
 
 
-def _check_report_args(a, points: list[dict], tasks) -> None:
-    """--heatmap names two swept parameters, --breakdown a point of this sweep (checked before any work)."""
+def _check_report_args(a, points: list[dict]) -> None:
+    """--heatmap names two swept parameters (checked before any work)."""
     if a.heatmap:
         pair = [x.strip() for x in a.heatmap.split(",")]
         swept = list(dict.fromkeys(k for p in points for k in p))
@@ -93,6 +169,10 @@ def _check_report_args(a, points: list[dict], tasks) -> None:
         bad = [x for x in pair if x not in swept]
         if bad:
             raise SweepError(f"--heatmap: {', '.join(bad)} is not a swept parameter; swept: {', '.join(swept)}")
+
+
+def _check_breakdown(a, tasks) -> None:
+    """--breakdown names a point of this sweep (its hash needs the models' content hashes)."""
     if a.breakdown and a.breakdown not in {t.hash for t in tasks}:
         raise SweepError(f"--breakdown {a.breakdown!r}: no point of this sweep has that hash (see the hash column "
                          f"of sweep.csv)")
@@ -111,25 +191,45 @@ def _print_table(rows: list[dict]) -> None:
         print(f"... {len(ok) - len(shown)} more ok points in sweep.csv")
 
 
-def cmd_arch_sweep(a) -> int:
-    """The architecture sweep: plan, run (resumable), write the tables, figures and summary, spot-check the RTL."""
-    from opendpu.runtime.archsweep import Store, plan, run
+def cmd_arch_sweep(a, why: str = "") -> int:
+    """The architecture sweep: validate everything, plan, run (resumable), write the tables, figures and summary,
+    spot-check the RTL. `why`: what chose the architecture mode (named in errors and in the first line)."""
+    from opendpu.runtime.archsweep import build_points, plan, pre_constraints, run, validate_model
     from opendpu.runtime.progress import progress_bar
+    mode = f"{ARCH_MODE[:-1]}; {why})" if why else ARCH_MODE
     try:
+        _arch_mode_checks(a, mode)
         spec = _spec_from_args(a)
         if not a.output:
-            raise SweepError("an architecture sweep keeps its results in a directory: give -o DIR (run the same "
-                             "command again to resume it)")
-        points = expand(spec)
+            raise SweepError(f"the sweep is in {mode}, which keeps its results in a directory: give -o DIR (run the "
+                             f"same command again to resume it)")
         cache = a.cache or default_cache_dir()
-        store = Store(a.output)
-        store.check()
+        _check_dirs(a, cache)
+        for m in spec.models:
+            validate_model(m)
+        try:
+            built = build_points(spec)      # configurations and constraints on parameters, before any work
+        except SweepError as e:
+            if "give a preset, a board, or both pp and cp" not in str(e):
+                raise
+            raise SweepError(f"{e}: the sweep is in {mode}, which compiles for each point's array") from None
+        _check_report_args(a, [p for p, _, _ in built])
+    except SweepError as e:
+        raise CliError(str(e)) from None
+    npoints = len(built)
+    print(f"sweep: {mode}: {len(spec.models)} model(s) x {npoints} point(s); results in {a.output}, compile cache "
+          f"{cache}", flush=True)
+    pre = pre_constraints(spec)
+    post = [c for c in spec.constraints if c not in pre]
+    if post:
+        print(f"sweep: constraint(s) on results ({', '.join(map(str, post))}) are checked on each computed point; "
+              f"rows that miss them stay in the tables, off the Pareto fronts", flush=True)
+    store = Store(a.output)
+    try:
         os.makedirs(cache, exist_ok=True)
-        print(f"sweep: {len(spec.models)} model(s) x {len(points)} point(s); results in {a.output}, compile cache "
-              f"{cache}", flush=True)
         models = [prepare_model(m, cache, seed=spec.seed, log=lambda s: print(s, flush=True)) for m in spec.models]
-        tasks, _ = plan(spec, models, cache)          # the constraint and configuration errors, before any work
-        _check_report_args(a, points, tasks)
+        tasks, _ = plan(spec, models, cache, built)
+        _check_breakdown(a, tasks)
         store.open(json.dumps(spec.to_dict(), indent=1, default=str))
     except SweepError as e:
         raise CliError(str(e)) from None
@@ -139,8 +239,8 @@ def cmd_arch_sweep(a) -> int:
     total = len(tasks)
     try:
         with progress_bar(f"sweep {total} points", enabled=total > 0) as prog:
-            res = run(spec, models, store, cache, executor=a.executor, workers=a.workers, address=a.address,
-                      progress=prog)
+            res = run(spec, models, store, cache, executor=a.executor or "local", workers=a.workers,
+                      address=a.address, progress=prog)
     except KeyboardInterrupt:
         n = len(os.listdir(store.points))
         print(f"opendpu sweep: interrupted; {n} point result(s) are kept in {a.output}: run the same command again "
@@ -153,6 +253,10 @@ def cmd_arch_sweep(a) -> int:
     failed = sum(r["status"] == "failed" for r in res.rows)
     print(f"sweep: {len(res.rows)} rows: {ok} ok, {failed} failed, {res.excluded} excluded by constraints; "
           f"{res.computed} computed, {res.reused} taken from {a.output} ({dt:.1f} s)")
+    if post and ok and not any(r["status"] == "ok" and r["meets_constraints"] for r in res.rows):
+        span = "; ".join(_span(c.name, [r[c.name] for r in res.rows if r["status"] == "ok"]) for c in post)
+        print(f"sweep: no ok point meets the constraint(s) {', '.join(map(str, post))} ({span}): every row stays in "
+              f"the tables, and pareto.csv is empty")
     files = _write_outputs(a.output, res, spec, a)
     _print_table(res.rows)
     for name, p in files.items():
@@ -169,6 +273,13 @@ def cmd_arch_sweep(a) -> int:
     if a.verify_rtl:
         status = max(status, verify_rtl(spec, res.rows, a.verify_rtl, cache))
     return status
+
+
+def _span(name: str, vals: list) -> str:
+    xs = [v for v in vals if isinstance(v, (int, float))]
+    if not xs:
+        return f"no {name} computed"
+    return f"{name} of the ok points: " + (f"{xs[0]:g}" if min(xs) == max(xs) else f"{min(xs):g}..{max(xs):g}")
 
 
 def verify_rtl(spec: SweepSpec, rows: list[dict], k: int, cache: str) -> int:

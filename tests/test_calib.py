@@ -1,7 +1,6 @@
 """quant/calib.py: fixed-point arithmetic and fix-point calibration (expected values computed by hand)."""
 import json
 import math
-import time
 from fractions import Fraction
 
 import numpy as np
@@ -10,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from opendpu.quant import calib as C
 from opendpu.quant.calib import CalibError
+from work_count import count_work
 
 TIES = [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5]
 
@@ -433,12 +433,33 @@ def test_state_is_json():
         assert s["method"] == method and s["batches"] == 1 and s["fix_point"] == o.fix_point()
 
 
-def test_update_speed():
+PASSES = {"maxmin": 1, "diffs": 1 + C.DIFFS_SCOPE, "percentile": 2, "mse": 2, "entropy": 2}
+
+
+def test_update_cost(monkeypatch):
+    """update() is a fixed number of passes of the compiled kernels over the data (max |x|; DIFFS_SCOPE squared-error
+    sums for diffs; one histogram for the histogram methods) and its Python work does not depend on the data's size
+    (tests/work_count.py): 8 M values cost what 12 do (a loop over them in Python would be millions of lines). Wall
+    times: benchmarks/bench_checks.py."""
+    import numba
+    visited = []
+    for k in ("_absmax_kernel", "_sse_kernel", "_hist_kernel"):
+        kernel = getattr(C, k)
+        assert isinstance(kernel, numba.core.registry.CPUDispatcher), k      # compiled, not a Python loop
+
+        def counted(flat, *args, _kernel=kernel):
+            visited.append(flat.size)
+            return _kernel(flat, *args)
+        monkeypatch.setattr(C, k, counted)
     x = np.random.default_rng(0).standard_normal((10, 64, 112, 112), dtype=np.float32)   # 8 M values
     for method in C.METHODS:
         o = C.make_observer("speed", method)
-        o.update(x[:1, :1])                                      # compile
-        t = time.perf_counter()
-        o.update(x)
-        dt = time.perf_counter() - t
-        assert dt < 1.0, (method, dt)                            # ~0.02-0.05 s expected
+        o.update(x)                                              # first use (range set, kernels loaded): not counted
+        visited.clear()
+        with count_work() as big:
+            o.update(x)
+        assert sum(visited) == PASSES[method] * x.size, (method, visited)
+        with count_work() as small:
+            o.update(x[:1, :1, :1, :12])
+        print(f"{method}: 8 M values {big}, 12 values {small}")
+        assert big.total <= 1.5 * small.total, (method, str(big), str(small))

@@ -149,8 +149,17 @@ def test_boards():
     assert get_board("kv260").target("DPUCZDX8G_ISA1_B4096").timing.cores == 1
     with pytest.raises(TargetError, match="unknown board 'zcu999'; known: zcu102"):
         get_board("zcu999")
-    with pytest.raises(TargetError, match="board zcu102 has a DPUCZDX8G_ISA1_B4096 DPU"):
-        get_board("zcu102").target("DPUCZDX8G_ISA1_B512")
+    # a board gives its timing to any array (the rule of `sweep`): a B512 on a ZCU102 keeps its array
+    t = get_board("zcu102").target("DPUCZDX8G_ISA1_B512")
+    assert (t.name, t.pp, t.cp, t.timing.cores, t.timing.clock_mhz) == ("DPUCZDX8G_ISA1_B512", 4, 8, 3, 281.0)
+    assert (t.timing.ddr_latency, t.timing.conv_latency, t.timing.weight_load_lines) == (30, 128, 2)
+    z = get_board("zcu102")
+    assert not z.ships(get_target("DPUCZDX8G_ISA1_B512")) and z.ships(get_target("DPUCZDX8G_ISA1_B4096"))
+    assert z.applied_to([get_target("DPUCZDX8G_ISA1_B512")]) == (
+        "board zcu102: timing of the board applied to the program's DPUCZDX8G_ISA1_B512 array (the board ships "
+        "DPUCZDX8G_ISA1_B4096)")
+    assert z.applied_to([get_target("DPUCZDX8G_ISA1_B4096")]) == (
+        "board zcu102: timing of the board applied to the program's DPUCZDX8G_ISA1_B4096 array, the board's own")
 
 
 def test_throughput_by_hand():
@@ -227,6 +236,45 @@ def test_profile_board_roofline_and_side_by_side(tmp_path, capsys):
     assert f"{len(both)} layer(s) in both programs" in out
 
 
+def test_board_timing_on_the_programs_own_array(tmp_path, capsys):
+    """`profile --board kr260` of the digits CNN compiled for B1024 (the board ships B4096): the program's B1024
+    array with the board's clock, host overhead and calibrated DPU timing. The fps is computed by hand from the board's
+    numbers: 1 core / (cycles / 300 MHz + 1,500 us host per DPU run) (0.01 MB per frame is far below 48 % of
+    19,200 MB/s); the cycles are those of the B1024 program at the board's DDR and CONV latencies and wide weight
+    path, not at the defaults. `run --board` takes the same rule."""
+    import re
+
+    import numpy as np
+    from compile_helpers import compiled
+
+    from opendpu.isa.boards import DPU_TIMING
+    from opendpu.isa.program import to_arrays
+    from opendpu.sim.timing import simulate
+    c = compiled("digits", None, "B1024")
+    path = tmp_path / "b1024.xmodel"
+    c.xmodel.save(str(path))
+    (prog,) = c.programs.values()
+    b1024 = get_target("DPUCZDX8G_ISA1_B1024")
+    cycles = simulate(to_arrays(prog.instructions), b1024.with_timing(**DPU_TIMING)).total_cycles
+    assert cycles != simulate(to_arrays(prog.instructions), b1024).total_cycles      # the board's DPU timing matters
+    main = _cli()
+    assert main(["profile", str(path), "--board", "kr260"]) == 0
+    out = capsys.readouterr().out
+    assert ("board kr260: timing of the board applied to the program's DPUCZDX8G_ISA1_B1024 array (the board ships "
+            "DPUCZDX8G_ISA1_B4096)") in out
+    assert f"on DPUCZDX8G_ISA1_B1024, {cycles} cycles" in out
+    fps = 1 / (cycles / 300e6 + 1500e-6)
+    m = re.search(r"board kr260: 1 core\(s\) at 300 MHz, host 1500 us per DPU run, DDR 19200 MB/s x 48 %: "
+                  r"([0-9.]+) fps \(compute-bound", out)
+    assert m and float(m.group(1)) == pytest.approx(fps, abs=0.05), (fps, out[-600:])
+    # run: the board's clock (zcu102: 281 MHz) and DPU timing for the reported cycles, on the program's array
+    np.save(tmp_path / "x.npy", np.zeros((1, 8, 8, 1), np.float32))
+    assert main(["run", str(path), "-i", str(tmp_path / "x.npy"), "--board", "zcu102"]) == 0
+    out = capsys.readouterr().out
+    assert "board zcu102: timing of the board applied to the program's DPUCZDX8G_ISA1_B1024 array" in out
+    assert f": {cycles} cycles = {cycles / 281e3:.3f} ms at 281 MHz on DPUCZDX8G_ISA1_B1024" in out
+
+
 def test_profile_board_bad_input(tmp_path, capsys):
     from conftest import model_path
     main = _cli()
@@ -234,8 +282,13 @@ def test_profile_board_bad_input(tmp_path, capsys):
     assert main(["profile", amd, "--board", "zcu999"]) == 2
     err = capsys.readouterr().err
     assert "unknown board 'zcu999'; known: zcu102, zcu104, kv260, kr260" in err and "Traceback" not in err
-    assert main(["profile", model_path("yolox_nano_b512"), "--board", "kv260"]) == 2
-    assert "board kv260 has a DPUCZDX8G_ISA1_B4096 DPU (PP 8, CP 16, ALU_PP 4)" in capsys.readouterr().err
+    import numpy as np
+    np.save(tmp_path / "x.npy", np.zeros((1, 28, 28, 1), np.float32))
+    assert main(["run", amd, "-i", str(tmp_path / "x.npy"), "--board", "kr999"]) == 2
+    out, err = capsys.readouterr()
+    assert "--board kr999: unknown board 'kr999'" in err and out == ""
+    assert main(["run", amd, "-i", str(tmp_path / "x.npy"), "--board", "kr260", "--backend", "ref"]) == 2
+    assert "--board apply to the timed backends (sim, rtl), not to --backend ref" in capsys.readouterr().err
     assert main(["profile", amd, "--compare-csv", str(tmp_path / "s.csv")]) == 2
     assert "--compare-csv needs --compare" in capsys.readouterr().err
     assert not (tmp_path / "s.csv").exists()

@@ -284,3 +284,224 @@ def test_golden_counts_on_chip_layers_on_sim(tmp_path, capsys):
     compared, total, on_chip = int(parts[1]), int(parts[3]), int(parts[6])
     assert rc == 0 and total == nfiles and compared + on_chip == nfiles and on_chip > 0 and compared > 0
     assert o.count("compare data success") == compared
+
+
+# ---- issue 29: the marker proves nothing by being there (compiler/outdir.py) ---------------------------------------
+def _put(d, files: dict, net=None):
+    """Publish `files` (rel -> text) into d through DirOutput as net `net`; returns the lines it printed."""
+    lines: list[str] = []
+    with DirOutput(str(d), net=net, log=lines.append) as t:
+        for rel, text in files.items():
+            os.makedirs(os.path.dirname(os.path.join(t, rel)), exist_ok=True)
+            with open(os.path.join(t, rel), "w") as f:
+                f.write(text)
+    return lines
+
+
+def _marker(d):
+    import json
+    return json.loads((d / MARKER).read_text())
+
+
+def _sha(p):
+    return hashlib.sha256(open(p, "rb").read()).hexdigest()
+
+
+def test_marker_records_size_hash_and_net(tmp_path):
+    d = tmp_path / "o"
+    _put(d, {"a.bin": "12345", "sub/b.txt": "x"}, net="first")
+    m = _marker(d)
+    assert m["tool"] == "opendpu" and m["version"] == 2
+    assert m["files"] == {"a.bin": {"size": 5, "sha256": _sha(d / "a.bin"), "net": "first"},
+                          "sub/b.txt": {"size": 1, "sha256": _sha(d / "sub" / "b.txt"), "net": "first"}}
+
+
+def test_foreign_file_listed_by_an_old_marker_survives(tmp_path):
+    d = tmp_path / "o"
+    d.mkdir()
+    (d / "keep.txt").write_text("the user's")
+    (d / MARKER).write_text('{"tool": "opendpu", "files": ["keep.txt", "a.bin"]}')
+    lines = _put(d, {"b.bin": "1"}, net="n")
+    assert (d / "keep.txt").read_text() == "the user's"
+    assert any("2 file(s) without a content hash; none was removed" in ln for ln in lines)
+    assert set(_marker(d)["files"]) == {"b.bin"}                 # rewritten as version 2: its own files only
+
+
+def test_old_marker_never_licenses_a_replacement(tmp_path):
+    """A file an old-style marker lists with one of the run's output names is refused up front; --force replaces
+    it and says so."""
+    from opendpu.compiler.outdir import check_dir
+    d = tmp_path / "o"
+    d.mkdir()
+    (d / "meta.json").write_text("the user's")
+    (d / MARKER).write_text('{"tool": "opendpu", "files": ["meta.json"]}')
+    with pytest.raises(OutputError, match="meta.json exists and is listed by an old-style marker"):
+        check_dir(str(d), names=["meta.json"])
+    with pytest.raises(OutputError, match="--force"):
+        _put(d, {"meta.json": "{}"}, net="n")
+    assert (d / "meta.json").read_text() == "the user's"
+    lines: list[str] = []
+    with DirOutput(str(d), force=True, net="n", log=lines.append) as t:
+        (open(os.path.join(t, "meta.json"), "w")).write("{}")
+    assert (d / "meta.json").read_text() == "{}" and any("replaced" in ln and "--force" in ln for ln in lines)
+
+
+def test_listed_file_with_another_hash_is_kept_and_dropped(tmp_path):
+    d = tmp_path / "o"
+    _put(d, {"a.bin": "1", "b.bin": "1"}, net="n")
+    (d / "b.bin").write_text("edited by the user")
+    lines = _put(d, {"a.bin": "2"}, net="n")
+    assert (d / "b.bin").read_text() == "edited by the user"
+    assert any("kept" in ln and "b.bin" in ln and "changed since" in ln for ln in lines)
+    assert set(_marker(d)["files"]) == {"a.bin"}                 # no longer counted as opendpu's
+    lines = _put(d, {"a.bin": "3"}, net="n")                      # and never touched again
+    assert (d / "b.bin").read_text() == "edited by the user" and not lines
+
+
+def test_symlink_escape_is_never_followed(tmp_path):
+    """A marker entry lnk/victim.txt with lnk -> a directory outside, even with victim's true hash and the run's
+    net: victim survives; writing through a symlinked subdirectory is refused, even with force."""
+    import json
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.txt"
+    victim.write_text("not opendpu's")
+    d = tmp_path / "o"
+    d.mkdir()
+    (d / "lnk").symlink_to(outside)
+    (d / MARKER).write_text(json.dumps({"tool": "opendpu", "version": 2, "files": {
+        "lnk/victim.txt": {"size": victim.stat().st_size, "sha256": _sha(victim), "net": "n"}}}))
+    lines = _put(d, {"a.bin": "1"}, net="n")
+    assert victim.read_text() == "not opendpu's"
+    assert any("symlink" in ln and "victim.txt" in ln for ln in lines)
+    for force in (False, True):
+        with pytest.raises(OutputError, match="symlink"):
+            with DirOutput(str(d), force=force, net="n", log=None) as t:
+                os.makedirs(os.path.join(t, "lnk"))
+                open(os.path.join(t, "lnk", "victim.txt"), "w").write("overwritten")
+    assert victim.read_text() == "not opendpu's" and os.listdir(outside) == ["victim.txt"]
+
+
+def test_a_symlink_in_place_of_an_output_is_replaced_itself_never_its_target(tmp_path):
+    from opendpu.compiler.outdir import check_dir
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("not opendpu's")
+    d = tmp_path / "o"
+    _put(d, {"a.bin": "1"}, net="n")
+    (d / "b.bin").symlink_to(target)
+    with pytest.raises(OutputError, match="b.bin exists and is a symlink"):
+        check_dir(str(d), names=["b.bin"])
+    with DirOutput(str(d), force=True, net="n", log=None) as t:
+        open(os.path.join(t, "b.bin"), "w").write("2")
+    assert target.read_text() == "not opendpu's" and not (d / "b.bin").is_symlink() and (d / "b.bin").read_text() == "2"
+
+
+def test_outputs_are_replaced_per_net(tmp_path):
+    """compile -n first, then -n second: first's files stay; the names every net writes go to the newest net (said
+    in one line); a rerun of first removes only first's own stale file, each removal printed."""
+    d = tmp_path / "c"
+    _put(d, {"first.xmodel": "f", "meta.json": "f", "dump_after_x.json": "f"}, net="first")
+    lines = _put(d, {"second.xmodel": "s", "meta.json": "s"}, net="second")
+    assert (d / "first.xmodel").read_text() == "f" and (d / "dump_after_x.json").is_file()
+    assert (d / "meta.json").read_text() == "s"
+    assert lines == [f"replaced 1 file(s) of net first in {d} with net second's (names every net writes): meta.json"]
+    lines = _put(d, {"first.xmodel": "f2", "meta.json": "f2"}, net="first")
+    assert (d / "second.xmodel").read_text() == "s" and not (d / "dump_after_x.json").exists()
+    assert f"removed stale {d / 'dump_after_x.json'} (written by the earlier run of net first)" in lines
+    assert {k: v["net"] for k, v in _marker(d)["files"].items()} == {"first.xmodel": "first", "meta.json": "first",
+                                                                     "second.xmodel": "second"}
+
+
+def test_several_nets_in_one_run_keep_other_exports(tmp_path):
+    """zoo --export: each model is its own net; a later export of other models keeps the earlier ones."""
+    d = tmp_path / "z"
+    net = lambda rel: rel[:-len(".onnx")]                         # noqa: E731
+    with DirOutput(str(d), net=net, log=None) as t:
+        for n in ("a", "b"):
+            open(os.path.join(t, f"{n}.onnx"), "w").write(n)
+    with DirOutput(str(d), net=net, log=None) as t:
+        open(os.path.join(t, "c.onnx"), "w").write("c")
+    assert sorted(os.listdir(d)) == sorted([MARKER, "a.onnx", "b.onnx", "c.onnx"])
+
+
+def test_check_dir_refuses_foreign_output_names_before_work(tmp_path):
+    from opendpu.compiler.outdir import check_dir
+    d = tmp_path / "o"
+    _put(d, {"net.xmodel": "1"}, net="net")
+    (d / "meta.json").write_text("the user's")                   # in an opendpu directory, but not opendpu's
+    check_dir(str(d), names=["net.xmodel"])                        # its own unchanged file: fine
+    with pytest.raises(OutputError, match="meta.json exists and was not written by opendpu.*--force"):
+        check_dir(str(d), names=["net.xmodel", "meta.json"])
+    check_dir(str(d), names=["meta.json"], force=True)
+    (d / "net.xmodel").write_text("edited")
+    with pytest.raises(OutputError, match="net.xmodel exists and was changed since opendpu wrote it"):
+        check_dir(str(d), names=["net.xmodel"])
+    with pytest.raises(OutputError, match="would replace the input"):
+        check_dir(str(d), names=["net.xmodel"], inputs=[str(d / "net.xmodel")], force=True)
+
+
+@pytest.mark.parametrize("path", ["/proc/x", "/sys/x", "/proc/x/y"])
+def test_probe_finds_unwritable_directories_for_root_too(path, tmp_path):
+    from opendpu.compiler.outdir import check_dir
+    top = "/" + path.split("/")[1]
+    if not os.path.isdir(top):
+        pytest.skip(f"{top} is not mounted here")
+    with pytest.raises(OutputError, match="cannot create a directory in /"):
+        check_dir(path)
+
+
+def test_probe_file_outputs_and_leave_nothing(tmp_path):
+    from opendpu.compiler.outdir import check_dir, check_file
+    if os.path.isdir("/proc"):
+        with pytest.raises(OutputError, match="cannot create a file in /proc"):
+            check_file("/proc/p.json", suffixes=(".json",))
+    check_file(str(tmp_path / "p.json"), suffixes=(".json",))
+    check_dir(str(tmp_path / "new" / "deeper"))
+    check_dir(str(tmp_path))
+    assert os.listdir(tmp_path) == []                              # the probes are gone
+
+
+def test_file_names_longer_than_the_file_system_allows(tmp_path):
+    from opendpu.compiler.outdir import check_dir, check_file
+    from opendpu.compiler.pipeline import CompileError, check_name
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    with pytest.raises(OutputError, match=f"is {limit + 1} bytes long; the file system allows {limit}"):
+        check_dir(str(tmp_path / "o"), names=["x" * (limit + 1)])
+    with pytest.raises(OutputError, match="bytes long"):
+        check_dir(str(tmp_path / ("d" * (limit + 1))))
+    with pytest.raises(OutputError, match="bytes long"):
+        check_file(str(tmp_path / ("f" * limit + ".json")), suffixes=(".json",))
+    with pytest.raises(CompileError, match="300 bytes long"):
+        check_name("n" * 300)
+    assert check_name("n" * (255 - len("_org.xmodel"))) == "n" * 244   # the longest name whose files fit
+
+
+def test_nested_markers_are_merged(tmp_path):
+    """build runs quantize and compile inside its own output: their markers join those already in quantized/ and
+    compiled/ instead of replacing them (compile -o b/compiled -n other's files stay opendpu's)."""
+    b = tmp_path / "b"
+    _put(b / "compiled", {"other.xmodel": "o"}, net="other")
+    b.joinpath(MARKER).write_text('{"tool": "opendpu", "version": 2, "files": {}}')
+    with DirOutput(str(b), net="net", log=None) as t:
+        with DirOutput(os.path.join(t, "compiled"), net="net", log=None) as t2:
+            open(os.path.join(t2, "net.xmodel"), "w").write("n")
+    assert set(_marker(b / "compiled")["files"]) == {"other.xmodel", "net.xmodel"}
+    assert set(_marker(b)["files"]) == {"compiled/net.xmodel"}
+
+
+def test_build_prints_the_final_paths(tmp_path, capsys, digits_calib):
+    out = tmp_path / "b"
+    assert cli(["build", zoo.DIGITS_ONNX, "--calib", str(digits_calib), "--target", "DPUCZDX8G_ISA1_B512", "-o",
+                str(out)]) == 0
+    o = capsys.readouterr().out
+    wrote = [ln for ln in o.splitlines() if ln.startswith("wrote")]
+    assert len(wrote) == 12 and ".opendpu-tmp" not in o
+    for ln in wrote[:-1]:
+        assert os.path.exists(ln.split()[-1]), ln                  # every path printed exists
+
+
+def test_quantize_output_names_are_what_it_writes(quantized):
+    from opendpu.quant.quantize import output_names
+    out, _, _ = quantized
+    top = {f for f in os.listdir(out) if os.path.isfile(out / f) and f != MARKER}
+    assert set(output_names(zoo.DIGITS_ONNX)) == top

@@ -226,3 +226,28 @@ def test_bad_input_refused(built, capsys, tmp_path):
              "task detect needs")
     _refused(["compare", m, str(b), "--data", str(data), "--json", str(data)], capsys, "--json")
     assert not out.exists() and sorted(os.listdir(tmp_path)) == ["nhwc.npy"]
+
+
+def test_labels_outside_the_classes_are_refused(built, capsys, tmp_path):
+    """Labels are class indices of the [1, 10] output: one outside 0..9 is an error naming the file, how many and
+    their range, before any sample runs (never a silent "accuracy 0.00 %"); with task raw they are unused, and a
+    warning line says so."""
+    from opendpu.runtime.compare import CompareError, Comparison
+    d, b, _, x, y = built
+    out = tmp_path / "r.json"
+    for labels, what in ((y[:20] + 10, "20 of 20 labels are outside the model's 10 classes 0..9"),
+                         (np.where(np.arange(20) == 4, -3, y[:20]), "1 of 20 labels are outside the model's 10 "
+                                                                     "classes 0..9 (found -3)")):
+        np.savez(tmp_path / "bad.npz", x=x[:20], y=labels)
+        _refused(["compare", zoo.DIGITS_ONNX, str(b), "--data", str(tmp_path / "bad.npz"), "--json", str(out)],
+                 capsys, "bad.npz", "labels 'y'", what)
+    with pytest.raises(CompareError, match="outside the model's 10 classes"):
+        Comparison(zoo.DIGITS_ONNX, b, (x[:5], np.arange(5) + 8), backend="ref")
+    assert not out.exists()
+    np.savez(tmp_path / "ok.npz", x=x[:3], y=y[:3])
+    assert cli(["compare", zoo.DIGITS_ONNX, str(b), "--data", str(tmp_path / "ok.npz"), "--task", "raw",
+                "--backend", "ref"]) == 0
+    io = capsys.readouterr()
+    assert io.err.strip() == (f"opendpu compare: warning: data {tmp_path / 'ok.npz'}: labels 'y' are not used: task "
+                              f"raw measures SQNR only (labels give an accuracy with task classify)")
+    assert "raw: per-output SQNR only" in io.out

@@ -428,4 +428,16 @@ def test_verilog(preset, monkeypatch):
         t0 = time.time()
         v = verilog.convert(cls(p), name=cls.__name__)
         assert f"module {cls.__name__}" in v
-        assert time.time() - t0 < 30
+        print(f"{preset} {cls.__name__}: {len(v.splitlines())} lines of Verilog in {time.time() - t0:.1f} s")
+
+
+def test_verilog_does_not_grow_with_the_array(monkeypatch):
+    """The export's work is the netlist it writes: the LOAD and SAVE engines of B4096 (8x the MACs, 2x the banks'
+    width of B512) are within 1.3x the Verilog lines of B512's (only port widths grow; nothing is unrolled per bank,
+    line or channel). Export times: benchmarks/bench_checks.py."""
+    from amaranth.back import verilog
+    monkeypatch.setenv("AMARANTH_USE_YOSYS", "builtin")
+    for cls in (LoadEngine, SaveUnit):
+        lines = {preset: len(verilog.convert(cls(HwParams.of(preset)), name=cls.__name__).splitlines())
+                 for preset in ("DPUCZDX8G_ISA1_B512", "DPUCZDX8G_ISA1_B4096")}
+        assert lines["DPUCZDX8G_ISA1_B4096"] <= 1.3 * lines["DPUCZDX8G_ISA1_B512"], (cls.__name__, lines)

@@ -60,7 +60,8 @@ def test_inspect_and_build_take_the_shape(files, capsys):
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["inspect", "{m}", "--target", "B512", "-o", "{o}"], "dynamic ('H'); give input_shape"),
+    (["inspect", "{m}", "--target", "B512", "-o", "{o}"], "input shape 1,1,H,W (NCHW): dimension 2 (H) and "
+                                                          "dimension 3 (W) are dynamic; give --input-shape N,C,H,W"),
     (["quantize", "{m}", "--calib", "{c}", "-o", "{o}", "--input-shape", "1,1,9,8"], "does not match the model input"),
     (["quantize", "{m}", "--calib", "{c}", "-o", "{o}", "--input-shape", "1,x"], "is not a shape like"),
     (["quantize", "{m}", "--calib", "{c}", "-o", "{o}", "--input-shape", "1,0,8,8"], "each in 1.."),

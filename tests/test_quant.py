@@ -390,3 +390,94 @@ def test_fast_finetune_reverts_when_the_model_gets_worse(monkeypatch):
     assert not any(r["kept"] for r in ft.finetune_log)
     assert any("reverted" in n for n in ft.notes)
     assert ft.xmodel().serialize() == plain.xmodel().serialize()
+
+
+# ---- calibration data statistics and evaluation labels (issue 29; docs/quantizer.md "Calibration data checks")
+def _digits(n=40):
+    from opendpu.quant import zoo
+    return zoo.digits_data()[0][:n].astype(np.float32)
+
+
+def test_constant_calibration_data_is_refused_before_any_work():
+    from opendpu.quant.quantize import calib_arrays
+    m = _model([h.make_node("Relu", ["x"], ["y"], name="relu")], {}, [1, 1, 4, 4], ["y"])
+    for v in (0.0, 0.5, -3.0):
+        x = np.full((6, 1, 4, 4), v, np.float32)
+        with pytest.raises(QuantError, match=f"every value of the 6 sample\\(s\\) is {v:g} \\(zero variance\\)"):
+            calib_arrays(x, [1, 1, 4, 4])
+        with pytest.raises(QuantError, match="zero variance"):
+            quantize(m, x)
+    # legal where nothing is calibrated on: evaluation data, and calibration data beside fix points given
+    x = np.zeros((6, 1, 4, 4), np.float32)
+    assert calib_arrays(x, [1, 1, 4, 4], check_values=False).shape == (6, 1, 4, 4)
+    qi = quantize(m, np.random.default_rng(0).random((6, 1, 4, 4)).astype(np.float32)).quant_info()
+    assert quantize(m, x, quant_info=qi).calib_samples == 6
+    # one varying sample, or random data of any size, is fine
+    for x in (np.random.default_rng(1).random((1, 1, 4, 4)), np.random.default_rng(2).standard_normal((3, 1, 4, 4))):
+        assert calib_arrays(x, [1, 1, 4, 4]).shape == x.shape
+
+
+def test_calibration_warnings_by_their_thresholds():
+    from opendpu.quant.quantize import CALIB_OUTLIER_FACTOR, calib_warnings
+    x = _digits()
+    assert calib_warnings(x, "d") == []                                  # real images: nothing to say
+    assert calib_warnings(np.random.default_rng(0).standard_normal((8, 3, 8, 8)).astype(np.float32), "d") == []
+    same = calib_warnings(np.repeat(x[:1], 5, axis=0), "d")
+    assert same == ["d: the 5 samples are identical; calibration sees one input (give varied, representative inputs)"]
+    # constant images: a warning from half of the samples on, not below
+    half = x.copy()
+    half[:20] = -1
+    assert any("20 of 40 samples are constant images (sample 0: every value is -1)" in w
+               for w in calib_warnings(half, "d"))
+    few = x.copy()
+    few[:19] = -1
+    assert not any("constant images" in w for w in calib_warnings(few, "d"))
+    # an outlier: the largest |x| of one sample against the median sample's (max |x| of the digits: 1)
+    for factor, warned in ((CALIB_OUTLIER_FACTOR, True), (CALIB_OUTLIER_FACTOR / 2, False)):
+        o = x.copy()
+        o[3] *= factor
+        got = [w for w in calib_warnings(o, "d") if "reaches" in w]
+        assert bool(got) == warned, (factor, got)
+    o = x.copy()
+    o[3] *= 1000
+    (w,) = calib_warnings(o, "d")
+    assert w.startswith("d: sample 3 reaches |x| = 1000, 1000x the largest |x| of the median sample (1)")
+    # the spread below one step of the input's own 8-bit fix point: the DPU sees one constant input
+    (w,) = calib_warnings(1000 + 1e-4 * x, "d")       # |x| <= 1000: fix point -3, a step of 8
+    assert "differ by less than one step (2^3) of the input's 8-bit fix point -3" in w and w.endswith("input 125")
+    (w,) = calib_warnings(1e-5 * (x + 1), "d")        # below 2^-13: the capped fix point 12 rounds it all to 0
+    assert "fix point 12" in w and w.endswith("constant input 0")
+    assert calib_warnings(1e-3 * (x + 1), "d") == []  # 2^-10 .. : several int8 values at fix point 12
+    # constant data is calib_arrays' error; calib_warnings adds nothing to it
+    assert calib_warnings(np.zeros((3, 1, 2, 2), np.float32), "d") == []
+
+
+def test_labels_outside_the_model_classes_are_refused(tmp_path, capsys):
+    from opendpu.quant import zoo
+    from opendpu.quant.quantize import check_labels, eval_arrays, output_classes
+    assert output_classes(zoo.DIGITS_ONNX, [1, 1, 8, 8]) == 10
+    x = _digits(12)
+    _, y = eval_arrays(x, [1, 1, 8, 8], np.arange(12) % 10, classes=10)
+    assert list(y) == list(np.arange(12) % 10)
+    for labels, found, n in ((np.arange(12), "10..11", 2), (np.array([-1] + [0] * 11), "-1", 1),
+                             (np.full(12, 10.0), "10", 12)):
+        with pytest.raises(QuantError, match=f"{n} of 12 labels are outside the model's 10 classes 0..9 "
+                                             f"\\(found {found}\\)"):
+            eval_arrays(x, [1, 1, 8, 8], labels, classes=10)
+    check_labels(np.array([0, 9]), 10)
+    with pytest.raises(QuantError, match="non-integral"):
+        eval_arrays(x, [1, 1, 8, 8], np.arange(12) + 0.5, classes=10)
+    # the library's evaluate checks them too: never a silent accuracy of 0 %
+    res = quantize(zoo.DIGITS_ONNX, x, config=QuantConfig(method="maxmin"))
+    assert res.evaluate(x, np.arange(12) % 10)["samples"] == 12
+    with pytest.raises(QuantError, match="outside the model's 10 classes"):
+        res.evaluate(x, np.arange(12) + 5)
+    # the CLI: checked before calibration, one line naming the file
+    cp, ev = tmp_path / "c.npy", tmp_path / "ev.npz"
+    np.save(cp, x)
+    np.savez(ev, x=x, y=np.arange(12) + 100)
+    rc = cli(["quantize", zoo.DIGITS_ONNX, "--calib", str(cp), "--evaluate", str(ev), "-o", str(tmp_path / "q")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"opendpu quantize: error: --evaluate {ev}: ")
+    assert "12 of 12 labels are outside the model's 10 classes 0..9 (found 100..111)" in err[0]
+    assert not (tmp_path / "q").exists()

@@ -372,8 +372,13 @@ def test_cli_bad_input(tmp_path, cache, capsys):
     err = _err(capsys, base + ["--param", "preset=B1024,B4096", "--constraint", "dsp <= 100"])
     assert "exclude every point" in err and "194" in err
     assert "unknown quantity" in _err(capsys, base + ["--param", "preset=B512", "--constraint", "dps <= 100"])
-    assert "not a swept parameter" in _err(capsys, base + ["--param", "preset=B512,B1024", "--heatmap", "pp,cp"])
-    assert "no point of this sweep" in _err(capsys, base + ["--param", "preset=B512", "--breakdown", "abc"])
+    plot = ["--plot", str(tmp_path / "o" / "plots")]
+    assert "not a swept parameter" in _err(capsys, base + ["--param", "preset=B512,B1024", "--heatmap", "pp,cp"]
+                                           + plot)
+    assert "--plot DIR" in _err(capsys, base + ["--param", "preset=B512,B1024", "--heatmap", "preset,pp"])
+    assert "16 hex digits" in _err(capsys, base + ["--param", "preset=B512", "--breakdown", "abc"] + plot)
+    assert "no point of this sweep" in _err(capsys, base + ["--param", "preset=B512", "--breakdown",
+                                                            "0123456789abcdef"] + plot)
     assert "-o DIR" in _err(capsys, ["sweep", DIGITS, "--param", "preset=B512"])
     assert "no model" in _err(capsys, ["sweep", "--param", "preset=B512", "-o", o])
     assert "unknown zoo model" in _err(capsys, ["sweep", "zoo:nope", "--param", "preset=B512", "-o", o])
@@ -456,3 +461,36 @@ def test_cli_bad_spec_file(tmp_path, cache, capsys, text, must):
     err = _err(capsys, ["sweep", "--spec", str(p), "-o", str(tmp_path / "o"), "--cache", cache])
     assert must in err and (str(p) in err or "no parameter space" in err)
     assert not (tmp_path / "o" / "points").exists() or not os.listdir(tmp_path / "o" / "points")
+
+
+def test_spec_paths_are_relative_to_the_file_and_checked_before_work(tmp_path, monkeypatch):
+    """path and calib of a [[model]] are relative to the sweep file (not the working directory); validate_model
+    reads the model with the quantizer's loader and checks that the calibration data fits its input."""
+    import shutil
+
+    import numpy as np
+
+    from opendpu.quant import zoo
+    d = tmp_path / "specs"
+    d.mkdir()
+    shutil.copyfile(zoo.DIGITS_ONNX, d / "net.onnx")
+    np.save(d / "c.npy", zoo.digits_data()[0][:4].astype(np.float32))
+    (d / "s.toml").write_text('[[model]]\npath = "net.onnx"\ncalib = "c.npy"\n[[space]]\npreset = ["B512"]\n')
+    monkeypatch.chdir(tmp_path)
+    m = A.load_spec("specs/s.toml").models[0]
+    assert (m.source, m.calib) == (str(d / "net.onnx"), str(d / "c.npy"))
+    A.validate_model(m)                                   # the digits images fit the [N, 1, 8, 8] input
+    np.save(d / "c.npy", np.zeros((4, 3, 8, 8), np.float32))
+    with pytest.raises(A.SweepError, match=r"c\.npy.*\[1, 1, 8, 8\]|\[1, 1, 8, 8\].*c\.npy"):
+        A.validate_model(m)
+    (d / "net.onnx").write_text("a text file, not a protobuf")
+    with pytest.raises(A.SweepError, match="net.onnx: not an ONNX model"):
+        A.validate_model(m)
+
+
+def test_constraints_excluding_every_point_are_named_before_work():
+    sp = spec({"preset": ["B1024", "B4096"]}, constraints=["dsp <= 100", "cores >= 1"])
+    with pytest.raises(A.SweepError, match=r"dsp <= 100 excludes 2 of 2 \(dsp in the space: 194\.\.") as e:
+        A.build_points(sp)
+    assert "cores >= 1 excludes 0 of 2" in str(e.value)
+    assert len(A.build_points(spec({"preset": ["B512", "B4096"]}, constraints=["dsp <= 100"]))) == 2
