@@ -31,6 +31,7 @@ import tempfile
 from typing import Callable
 
 from opendpu.isa.errors import OpenDpuError
+from opendpu.isa.jsonin import MAX_JSON_DEPTH, json_depth
 
 MARKER = ".opendpu-output"
 MARKER_VERSION = 2
@@ -68,8 +69,11 @@ def _marker_entries(d: str) -> dict[str, dict] | None:
     if os.path.islink(p) or not os.path.isfile(p):
         return None
     try:
-        with open(p) as f:
-            data = json.load(f)
+        with open(p, encoding="utf-8") as f:
+            text = f.read()
+        if json_depth(text) > MAX_JSON_DEPTH:        # json would recurse once per level: no marker of opendpu's
+            return None
+        data = json.loads(text)
     except (OSError, ValueError):
         return None
     files = data.get("files") if isinstance(data, dict) else None

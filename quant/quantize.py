@@ -226,7 +226,7 @@ def calib_warnings(x: np.ndarray, where: str) -> list[str]:
     lo, hi = float(smin.min()), float(smax.max())
     if lo == hi:                     # refused by check_calib_values; nothing more to say
         return out
-    if n >= 2 and bool(np.all(flat == flat[0])):
+    if n >= 2 and smin.min() == smin.max() and smax.min() == smax.max() and bool(np.all(flat == flat[0])):
         out.append(f"{where}: the {n} samples are identical; calibration sees one input (give varied, representative "
                    f"inputs)")
     elif flat.shape[1] > 1:

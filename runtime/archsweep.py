@@ -363,6 +363,9 @@ def load_spec(path: str) -> SweepSpec:
         d = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SweepError(f"sweep file {path}: not valid TOML: {e}") from None
+    except RecursionError:                   # tomllib recurses once per nesting level of an array or table
+        raise SweepError(f"sweep file {path}: arrays or tables nested too deeply to read (a sweep file nests at "
+                         f"most 3 levels)") from None
     return spec_from_dict(d, path)
 
 

@@ -246,7 +246,20 @@ def _second_model(root, p):
 
 
 LONG_NAME = "n" * 300
+def _deep_marker(root, p):
+    """c/ holds the user's file and a marker nested far beyond Python's recursion limit."""
+    d = os.path.join(root, "c")
+    os.makedirs(d)
+    with open(os.path.join(d, "keep.txt"), "w") as f:
+        f.write("the user's notes\n")
+    with open(os.path.join(d, ".opendpu-output"), "w") as f:
+        f.write("[" * 100000 + "]" * 100000)
+
+
 OUTPUT_CASES: list[Case] = [
+    # a marker opendpu cannot have written (nested 100,000 deep) is no marker: the directory is foreign
+    Case("compile_deep_marker_is_foreign", COMPILE_Q + " -o c -n net", must=["not written by opendpu"],
+         setup=_deep_marker),
     # a marker lists a file opendpu did not write: it survives, and the run says why
     Case("compile_old_marker_lists_foreign_file", COMPILE_Q + " -o c -n net", 0, must=["none was removed"],
          keep=["c/keep.txt"], setup=_marked_keep("c", "old"), may_change=["c"]),
@@ -339,6 +352,8 @@ SWEEP_CASES: list[Case] = [
     # specs: bytes, syntax, every key's type, before any work
     Case("sweep_spec_not_utf8", "sweep --spec spec.toml -o sw --cache cache", must=["spec.toml", "not UTF-8"],
          setup=_sw_file("spec.toml", b"seed = 1\nname = \"\xff\xfe\"\n")),
+    Case("sweep_spec_nested_too_deep", "sweep --spec spec.toml -o sw --cache cache", must=["spec.toml", "nested"],
+         setup=_sw_spec("a = " + "[" * 5000 + "]" * 5000 + "\n")),
     Case("sweep_spec_bad_toml", "sweep --spec spec.toml -o sw", must=["spec.toml", "not valid TOML"],
          setup=_sw_spec("[[space]\n")),
     Case("sweep_spec_name_int", "sweep --spec spec.toml -o sw --cache cache",

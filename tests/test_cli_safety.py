@@ -230,6 +230,40 @@ def test_op_plugin_errors_name_the_module(tmp_path, capsys):
     assert rc == 2 and len(err) == 1 and "bad.py" in err[0] and "ValueError: oops" in err[0] and "line 2" in err[0]
 
 
+def test_op_plugin_that_exits_is_an_error_naming_it(tmp_path, capsys):
+    """sys.exit() in a plugin is never opendpu's exit: while importing it, an error naming the module (and the
+    ops it registered before are unregistered again); inside a registered implementation at run time, an error
+    naming the op and the plugin file, exit 2 and no output file (it was exit 0 with no output)."""
+    from opendpu.runtime.ops import registered_ops, unregister_op
+    m = model_path("tf2_custom_op")
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 28, 28, 1), np.float32))
+    out = tmp_path / "r.npz"
+    before = registered_ops()
+    for body, code in (("sys.exit(0)", "0"), ("raise SystemExit(4)", "4"), ("exit()", "None")):
+        plug = tmp_path / "exits.py"
+        plug.write_text("import sys\nfrom opendpu.runtime import register_op\n"
+                        f"register_op('Mylayer', lambda op, ins: ins[0])\n{body}\n")
+        rc = cli(["run", m, "-i", str(x), "-o", str(out), "--op-plugin", str(plug)])
+        o, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1 and o == "", err
+        assert lines[0] == (f"opendpu run: error: --op-plugin {plug}: importing it called sys.exit({code}); a "
+                            f"plugin module must only register ops (runtime.register_op), not exit")
+        assert registered_ops() == before and not out.exists()
+    plug = tmp_path / "runexit.py"
+    plug.write_text("import sys\nfrom opendpu.runtime import register_op\n"
+                    "def mylayer(op, ins):\n    sys.exit(0)\nregister_op('Mylayer', mylayer)\n")
+    try:
+        rc = cli(["run", m, "-i", str(x), "-o", str(out), "--op-plugin", str(plug), "--backend", "ref"])
+    finally:
+        unregister_op("Mylayer")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and not out.exists()
+    assert lines[0].startswith("opendpu run: error: op ") and "(Mylayer): the implementation registered from " \
+        f"{plug} called sys.exit(0)" in lines[0]
+
+
 # ---- checks account for everything -----------------------------------------------------------------------
 def test_golden_on_empty_directory_is_an_error(quantized, tmp_path, capsys):
     out, xm, golden = quantized

@@ -321,3 +321,28 @@ def test_a_dpu_output_read_directly_by_another_dpu_subgraph():
     for _ in range(3):
         xi = rng.integers(-128, 128, (1, 8, 8, 4)).astype(np.int8)
         assert np.array_equal(ref.run([xi]).outputs["c3"], sim.run([xi]).outputs["c3"])
+
+
+def test_input_shape_in_either_layout_of_the_model(quantized):
+    """input_shape is the model's own shape: the quantized xmodel's NHWC [1, 8, 8, 1] or the NCHW [1, 1, 8, 8] of the
+    ONNX model it came from, both compiling the same program; the pass summary says which layout was read. Any other
+    shape names both layouts and the way to another shape (quantize with --input-shape), never "quantize it again"
+    at the shape the model already has."""
+    from opendpu.compiler.pipeline import parse_options
+    g = Graph.load(quantized[0])
+    t = "DPUCZDX8G_ISA1_B512"
+    plain = compile_graph(g, t)
+    for text, how in (('"1,1,8,8"', "'input' [1, 1, 8, 8] read as NCHW (the ONNX model's layout) = [1, 8, 8, 1] NHWC"),
+                      ("[1, 8, 8, 1]", "'input' [1, 8, 8, 1] read as NHWC (the xmodel's layout)"),
+                      ('"1,8,8,1"', "'input' [1, 8, 8, 1] read as NHWC (the xmodel's layout)")):
+        res = compile_graph(g, t, **parse_options('{"input_shape": ' + text + "}"))
+        assert f"input_shape {how}" in dict(res.summaries)["apply_options"]
+        assert [p.instructions for p in res.programs.values()] == [p.instructions for p in plain.programs.values()]
+    for bad in ("1,2,8,8", "1,8,1,8", "1,64"):
+        with pytest.raises(CompileError) as e:
+            compile_graph(g, t, input_shape=bad)
+        msg = str(e.value)
+        assert "quantize it again" not in msg
+        if bad != "1,64":
+            assert "the quantized graph's input is [1, 8, 8, 1] NHWC (the xmodel's layout), [1, 1, 8, 8] NCHW " \
+                   "(the ONNX model's)" in msg and "--input-shape N,C,H,W, NCHW" in msg

@@ -79,3 +79,40 @@ def test_bad_shapes_are_one_line_errors(files, capsys, args, msg):
     assert msg in err[-1] and "Traceback" not in "\n".join(err)
     assert not os.path.exists(out)
 
+
+
+def test_shape_from_the_calibration_data_is_said(files, capsys):
+    """One rule: a dynamic H/W comes from --input-shape, else from the calibration data (a file of [N, C, H, W], or
+    a folder's first file, [N, C, H, W] or one [C, H, W] sample), and quantize / build say so in a line; given
+    --input-shape, no such line."""
+    d = files
+    x = np.load(d / "calib.npy")
+    folder = d / "samples"
+    folder.mkdir()
+    for i in range(4):
+        np.save(folder / f"s{i}.npy", x[i])                   # one [1, 8, 8] sample per file
+    for calib in (d / "calib.npy", folder):
+        out = d / f"qs_{calib.name}"
+        assert cli(["quantize", str(d / "dyn.onnx"), "--calib", str(calib), "-o", str(out)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == (f"input shape 1,1,H,W (NCHW) of {d / 'dyn.onnx'} taken from the calibration data "
+                            f"{calib}: 1,1,8,8; --input-shape N,C,H,W sets it")
+    assert cli(["quantize", str(d / "dyn.onnx"), "--calib", str(folder), "-o", str(d / "qs_given"),
+                "--input-shape", "1,1,8,8"]) == 0
+    assert "taken from the calibration data" not in capsys.readouterr().out
+    assert cli(["quantize", zoo.DIGITS_ONNX, "--calib", str(d / "calib.npy"), "-o", str(d / "qs_static")]) == 0
+    assert "taken from" not in capsys.readouterr().out
+
+
+def test_input_shape_names_its_layout(files, capsys):
+    """--input-shape is the ONNX model's NCHW; a shape that reads as NHWC is named so, with the NCHW to give."""
+    d = files
+    for model, shown in ((zoo.DIGITS_ONNX, "1,1,8,8"), (str(d / "dyn.onnx"), "1,1,H,W")):
+        rc = cli(["quantize", model, "--calib", str(d / "calib.npy"), "-o", str(d / "never"),
+                  "--input-shape", "1,8,8,1"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1
+        assert err[0] == (f"opendpu quantize: error: --input-shape 1,8,8,1 does not match the model input {shown} "
+                          f"(NCHW) of {model}; 1,8,8,1 reads as NHWC, but --input-shape takes the ONNX model's own "
+                          f"layout: 1,1,8,8")
+    assert not os.path.exists(d / "never")

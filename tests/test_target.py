@@ -88,3 +88,24 @@ def test_arch_json_timing_object(tmp_path):
     p.write_text(json.dumps({"target": "B1024", "timing": {"ddr_latncy": 3}}))
     with pytest.raises(TargetError, match="unknown timing parameter"):
         Target.from_arch_json(str(p))
+
+
+def test_clock_range_is_physical_and_in_one_place():
+    """clock_mhz is 1..2000 MHz (isa.target.TIMING_BOUNDS): every route to a clock (Timing, --clock-mhz, --timing,
+    sweeps) refuses 1e-30 (whose latency printed as 5.7e31 ms) and 1e6 by that one range."""
+    import argparse
+
+    from opendpu.isa.target import TIMING_BOUNDS, Timing
+    from opendpu.runtime.cli import _clock_mhz_type
+    from opendpu.runtime.cli_checks import CliError, timing_value
+    assert TIMING_BOUNDS["clock_mhz"] == (1.0, 2000.0)
+    assert Timing(clock_mhz=1).clock_mhz == 1 and Timing(clock_mhz=2000.0).clock_mhz == 2000.0
+    conv = _clock_mhz_type()
+    assert conv("1") == 1.0 and conv("2000") == 2000.0
+    for bad in (1e-30, 0.999, 2000.5, 1e6):
+        with pytest.raises(TargetError, match=f"clock_mhz must be >= 1 and <= 2000 .*got {bad!r}"):
+            Timing(clock_mhz=bad)
+        with pytest.raises(argparse.ArgumentTypeError, match=r"out of range \(must be in \[1, 2000\]\)"):
+            conv(repr(bad))
+        with pytest.raises(CliError, match=f"--timing clock_mhz={bad!r}: out of range"):
+            timing_value("clock_mhz", repr(bad))
