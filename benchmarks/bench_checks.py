@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -27,14 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-def _median(fn, reps: int) -> float:
-    fn()                                   # warm-up
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+from bench_timing import _median  # noqa: E402  (the one median-of-reps timer of the benchmarks)
 
 
 def _row(what: str, seconds: float, goal: float | None, note: str = "") -> None:

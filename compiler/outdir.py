@@ -197,6 +197,9 @@ def _check_names(d: str, names, *, force: bool, inputs, what: str) -> None:
         if s:
             raise OutputError(f"{what} {d}: {n} would be written through the symlink {s}; opendpu never writes "
                               f"through a symlink inside its output")
+        if n.endswith("/"):                 # a directory whose file names are known only after the work
+            _check_subtree(d, n.rstrip("/"), recs, force=force, what=what)
+            continue
         dst = os.path.join(d, n)
         if not os.path.lexists(dst):
             continue
@@ -209,6 +212,30 @@ def _check_names(d: str, names, *, force: bool, inputs, what: str) -> None:
         if why:
             raise OutputError(f"{what} {d}: {n} exists and {why}; opendpu replaces only its own unchanged files: "
                               f"move it away, or use --force to replace it")
+
+
+def _check_subtree(d: str, sub: str, recs: dict, *, force: bool, what: str) -> None:
+    """`sub` (e.g. quantize's golden/) will take files whose names depend on the work: it must not be a symlink or a
+    file, and (unless force) every file already in it must be opendpu's unchanged output, so that nothing the run
+    may write over is found only after the work."""
+    dst = os.path.join(d, sub)
+    s = _symlink_in(d, sub)
+    if s:
+        raise OutputError(f"{what} {d}: {sub}/ would be written through the symlink {s}; opendpu never writes "
+                          f"through a symlink inside its output")
+    if not os.path.lexists(dst):
+        return
+    if not os.path.isdir(dst):
+        raise OutputError(f"{what} {d}: {sub} is an existing file; opendpu writes a directory of that name")
+    if force:
+        return
+    for root, dirs, files in os.walk(dst):
+        for f in sorted(files) + sorted(x for x in dirs if os.path.islink(os.path.join(root, x))):
+            rel = os.path.relpath(os.path.join(root, f), d).replace(os.sep, "/")
+            why = _foreign(d, rel, recs.get(rel))
+            if why:
+                raise OutputError(f"{what} {d}: {rel} exists and {why}; opendpu writes files of its own choosing "
+                                  f"into {sub}/: move it away, or use --force to write beside it")
 
 
 def _writable_parent(path: str, what: str) -> None:

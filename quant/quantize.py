@@ -769,12 +769,13 @@ def _check_fp_range(prep: Prepared, qp: QParams, observers: dict) -> None:
 
 def output_names(source: str) -> list[str]:
     """The files `QuantResult.write` writes for the model file `source` whatever the data (golden/ holds one file
-    per tensor besides): known before any work, so the CLI checks them first."""
+    per tensor, whose names depend on the graph: "golden/" stands for that directory, where every existing file must
+    be opendpu's): known before any work, so the CLI checks them first."""
     m = None
     if not (isinstance(source, str) and source.endswith(".onnx")):
         m = load_onnx(source)
     base = dump_stem(_model_name(m, source))
-    return [f"{base}_int.xmodel", f"{base}_int.onnx", "quant_info.json", "report.txt", "report.json"]
+    return [f"{base}_int.xmodel", f"{base}_int.onnx", "quant_info.json", "report.txt", "report.json", "golden/"]
 
 
 def _model_name(m, source: str) -> str:

@@ -166,6 +166,14 @@ def check(case: Case, inputs: dict, tmp_path, monkeypatch, capsys) -> tuple[int,
         assert ERR_LINE.match(lines[0]), lines[0]
         assert after_root == before_root, "a failed command left files behind"
         assert out.strip() == "", f"stdout not empty on an error:\n{out[-2000:]}"
+    added = sorted(set(after_root) - set(before_root))
+    removed = sorted(set(before_root) - set(after_root))
+    changed = sorted(k for k in before_root if k in after_root and after_root[k] != before_root[k])
+    first = next((ln for ln in err.splitlines() if ln.strip()), "") or next(
+        (ln for ln in out.splitlines() if ln.strip()), "")
+    # one line per case for the closing note's table (pytest -s tests/test_campaign.py | grep ^CAMPAIGN)
+    print(f"\nCAMPAIGN | {case.id} | {code} | {first[:160]} | {len(before_root)} files before, +{len(added)} "
+          f"-{len(removed)} ~{len(changed)} (removed/changed: opendpu's own) | keep {len(case.keep)} intact")
     return code, out, err
 
 
@@ -256,7 +264,20 @@ def _deep_marker(root, p):
         f.write("[" * 100000 + "]" * 100000)
 
 
+def _golden_foreign(root, p):
+    """q/ is an earlier quantize output of the digits CNN with the user's file added to its golden/."""
+    q = os.path.join(root, "q")
+    assert cli_main(QUANTIZE.format(**p).split() + ["-o", q]) == 0
+    with open(os.path.join(q, "golden", "mine.txt"), "w") as f:
+        f.write("the user's notes\n")
+
+
 OUTPUT_CASES: list[Case] = [
+    # golden/ takes files named after the graph's tensors: a file there that is not opendpu's is found before work
+    Case("quantize_foreign_file_in_golden", QUANTIZE + " -o q", must=["golden/mine.txt", "not written by opendpu"],
+         setup=_golden_foreign),
+    Case("quantize_foreign_file_in_golden_force", QUANTIZE + " -o q --force", 0, keep=["q/golden/mine.txt"],
+         setup=_golden_foreign, may_change=["q"]),
     # a marker opendpu cannot have written (nested 100,000 deep) is no marker: the directory is foreign
     Case("compile_deep_marker_is_foreign", COMPILE_Q + " -o c -n net", must=["not written by opendpu"],
          setup=_deep_marker),
