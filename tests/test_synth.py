@@ -52,7 +52,7 @@ def test_simple_dual_port_memory_maps_to_block_ram(tmp_path):
     assert r["memories_in_ff"] == 0 and r["memory_bits_in_ff"] == 0
     assert r["bram36"] == 1 and r["ramb36"] == 1 and r["ramb18"] == 0
     assert r["ff"] < 72                       # the data is not in flip-flops
-    assert r["seconds"] > 0 and r["peak_mb"] > 0
+    assert isinstance(r["seconds"], float) and r["peak_mb"] > 0       # reported (a figure, never asserted)
 
 
 @needs_yosys
@@ -171,7 +171,7 @@ def test_stat_parser_sums_module_blocks():
 def test_timeout_kills_yosys(tmp_path):
     with pytest.raises(synth.SynthTimeout) as e:
         synth.synth_elaboratable(_ram(72, 512, 1, 1), workdir=tmp_path, timeout=0.01)
-    assert e.value.partial["seconds"] >= 0.01
+    assert {"seconds", "peak_mb", "last_step"} <= set(e.value.partial)     # the partial report of the killed run
 
 
 def test_missing_yosys_is_a_clear_error(tmp_path, monkeypatch):
