@@ -4,7 +4,7 @@ SHARED  ?= ../shared
 MODELS  := $(SHARED)/models
 export AMARANTH_USE_YOSYS ?= builtin
 
-.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-compile bench-recompile bench-calibration bench-resources bench-sweep proto clean synth bench-synth
+.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-ocr bench-compile bench-recompile bench-calibration bench-resources bench-sweep proto clean synth bench-synth
 
 all: test
 
@@ -50,6 +50,10 @@ bench: venv
 
 bench-quant: venv
 	$(PY) benchmarks/bench_quant.py --model resnet50 --images 100
+
+# PP-OCRv4 det / PP-OCR cls (rapidocr wheel) on rendered text: INT8 vs float, coverage, quantize time and memory.
+bench-ocr: venv
+	$(PY) benchmarks/bench_ocr.py
 
 # Compiled zoo models: compile time, DPU cycles / latency / fps / MAC utilisation per preset, sim vs onnxruntime int8.
 bench-compile: venv

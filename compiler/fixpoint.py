@@ -189,12 +189,15 @@ def avg_pool_factor(kh: int, kw: int) -> tuple[int, int]:
     return best
 
 
+POOL_EXP_MAX = 7             # largest left-shift exponent of an ALU pool shift_cut code (codes 0..7)
+
+
 def pool_shift_cut(e: int) -> int:
     """ALU pool shift_cut code of the exponent e (multiply by 2^e): e if 0 <= e <= 7, else 8 - e (§7.4, §6.8).
     MAX: e = fp_out - fp_in; AVG: e = fp_out - fp_in - M."""
     e = int(e)
     code = e if e >= 0 else 8 - e
-    if e > 7 or code > SHIFT_CUT_MAX:
+    if e > POOL_EXP_MAX or code > SHIFT_CUT_MAX:
         raise FixPointError(f"pool exponent {e} has no shift_cut code (-{SHIFT_CUT_MAX - 8}..7)")
     return code
 

@@ -55,6 +55,9 @@ pool (ALU max_pool 3 / avg_pool 2, §6.8, §7.4, UG1414):
     count_include_pad == False with a non-zero pad → CPU (the reference/DPU always divides by the full
     kernel, §7.9);
   * global: kernel = input H×W, stride irrelevant;
+  * fix points are not known here: the ALU takes any change whose exponent (MAX fp_out − fp_in, AVG
+    fp_out − fp_in − M) has a shift_cut code, −55…7 (§7.4); an avg pool keeps its own output fix point
+    (quant.solve_fix_points keeps the exponent ≤ 7), and codegen sends one outside the range to the CPU;
   * ceil_mode / windows that overrun the padded input (from out_shape, or from the ceil formula):
     MAX → DPU with the overrun added to the bottom/right pad (−128 padding never wins, §7.4; the pad
     limits still apply); AVG → CPU (the float model divides border windows by the clipped size).

@@ -242,6 +242,8 @@ class _Emitter:
             shp = list(n.attrs["shape"])
             if self.batch != 1 and shp and shp[0] == 1:
                 shp[0] = -1
+            elif self.batch != 1 and len(shp) == 1:     # a Squeeze without axes took the batch too: [N*K] batched
+                shp = [-1]
             return self.node("Reshape", [ins[0], self.const(np.array(shp, np.int64), n.name + ".shape")], raw,
                              name=n.name)
         if k == "slice":

@@ -42,6 +42,7 @@ class FGraph:
     shapes: dict[str, list[int]]
     source: str = "<model>"
     opset: int = MIN_OPSET              # the model's default-domain opset (generic CPU ops keep its semantics)
+    onnx_outputs: list[str] = field(default_factory=list)   # the graph outputs' own names (`outputs` after Identity)
 
     def consumers(self, tensor: str) -> list[Node]:
         return [n for n in self.nodes if tensor in n.inputs]
@@ -115,10 +116,13 @@ _INPUT_RANKS = (2, 4)                 # [N, K] and NCHW: what the quantizer's in
 
 def _declared_dims(tt, input_shape) -> list[tuple[int | None, str]]:
     """An ONNX input's declared dims as (value or None when dynamic, name); a tensor without any shape has
-    len(input_shape) dynamic dims, or none when input_shape is not given."""
+    len(input_shape) dynamic dims, or none when input_shape is not given. A `dim_value` of -1 is dynamic too:
+    Paddle2ONNX and older exporters write it for an unknown size (onnxruntime takes it so); other negative values
+    stay errors."""
     if not tt.HasField("shape"):
         return [(None, "?")] * (len(input_shape) if input_shape is not None else 0)
-    return [(int(d.dim_value) if d.HasField("dim_value") else None, d.dim_param) for d in tt.shape.dim]
+    return [(int(d.dim_value) if d.HasField("dim_value") and d.dim_value != -1 else None, d.dim_param)
+            for d in tt.shape.dim]
 
 
 def load_onnx(model, source: str | None = None):
@@ -361,6 +365,18 @@ def _rebuild(m, nodes: list[Node], consts: dict, shapes: dict, alias: dict):
     return m2
 
 
+def _forget_dynamic_dims(m) -> None:
+    """Declared output / value_info dims that are negative (Paddle2ONNX and older exporters write `dim_value: -1`
+    for a dynamic dim instead of a `dim_param`) become unknown, so shape inference computes them from the static
+    input shape, as onnxruntime does; kept, they would be taken for static sizes (a reshape to [-1, 2])."""
+    for vi in list(m.graph.output) + list(m.graph.value_info):
+        if vi.type.WhichOneof("value") != "tensor_type" or not vi.type.tensor_type.HasField("shape"):
+            continue
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.Clear()
+
+
 def to_fgraph(m, source: str = "<model>", input_shape=None) -> FGraph:
     """Static shapes, constants folded (Constant nodes, Shape of static tensors, const subgraphs),
     Identity and Dropout removed.
@@ -380,6 +396,7 @@ def to_fgraph(m, source: str = "<model>", input_shape=None) -> FGraph:
             del tt.shape.dim[:]
             for d in shape_of[vi.name]:
                 tt.shape.dim.add().dim_value = d
+    _forget_dynamic_dims(m2)
     opset = next((o.version for o in m2.opset_import if o.domain in ("", "ai.onnx")), MIN_OPSET)
     for nd in m2.graph.node:
         if nd.domain not in ("", "ai.onnx"):
@@ -410,4 +427,5 @@ def to_fgraph(m, source: str = "<model>", input_shape=None) -> FGraph:
             if v is not None and v.dtype.kind == "f" and not np.all(np.isfinite(v)):
                 raise QuantError(f"{source}: TENSOR_VALUE_INVALID: constant {i!r} of op {n.name!r} ({n.op_type}) "
                                  f"contains NaN or Inf")
-    return FGraph(m2.graph.name or "model", nodes, consts, ins, outputs, shapes, source, opset)
+    return FGraph(m2.graph.name or "model", nodes, consts, ins, outputs, shapes, source, opset,
+                  [o.name for o in m.graph.output])

@@ -289,11 +289,11 @@ class _Prep:
                 self._restore(snap)
                 self.cpu_node(node, _reason(str(e), node), e)
         outs, onames = [], []
-        for o in fg.outputs:
+        for k, o in enumerate(fg.outputs):
             if o not in self.val:
                 raise QuantError(f"{fg.source}: graph output {o!r} was not produced by a prepared op")
             outs.append(self.val[o])
-            onames.append(o)
+            onames.append(fg.onnx_outputs[k] if len(fg.onnx_outputs) == len(fg.outputs) else o)   # before Identity
         self.check_layouts()
         self.float_regions()
         return Prepared(fg.name, self.nodes, outs, onames, self.notes, fg.opset)

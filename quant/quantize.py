@@ -18,7 +18,7 @@ from opendpu.compiler.xir.graph import dump_stem
 from opendpu.isa.jsonin import check_depth
 from opendpu.quant import calib as C
 from opendpu.quant.conv_params import CONV_KINDS, quantize_conv_params
-from opendpu.quant.emit import QParams, emit_onnx, session, value_name
+from opendpu.quant.emit import QParams, avg_geometry, emit_onnx, session, value_name
 from opendpu.quant.onnx_in import QuantError, load_onnx, to_fgraph, torch_to_onnx
 from opendpu.quant.prepare import Prepared, prepare
 
@@ -40,11 +40,22 @@ class QuantConfig:
     calib_limit: int | None = None        # use at most this many calibration samples
     replace_sigmoid: bool = False         # sigmoid -> hard-sigmoid (vai_q REPLACE_SIGMOID)
     replace_silu: str | None = None       # "hardswish": x*sigmoid(x) -> hard-swish on the DPU (an approximation)
-    align_concat: bool = True
-    align_pool: bool = True
+    # fix-point sharing (docs/quantizer.md "DPU fix-point rules"; defaults as AMD's compiled programs show):
+    # align_concat True: every concat producer takes the concat's position (TF1 align_concat 0). False: only a
+    # producer read by nothing but the concat does; one with other consumers keeps its own and the concat takes
+    # the minimum (the compiler rescales it with a single-input ELEW, spec §7.8).
+    # align_pool True: average pools share their input's position too (TF1 align_pool 0); False: they keep their
+    # own output fix point (vai_q_pytorch change_pool_input_fix False). Max pools always share (lossless).
+    align_concat: bool = False
+    align_pool: bool = False
     eltwise_spread: int = 2               # max fix-point spread of eltwise-add inputs (DPU ELEW keeps 2 extra bits)
     bias_corr: bool = False
     fast_finetune: bool = False
+    # cross-layer equalization (quant/cle.py; vai_q include_cle on, cle_steps 10, cle_to_relu6 off):
+    cle: bool = True                      # equalize conv/dwconv pairs joined by ReLU / LeakyReLU / PReLU / identity
+    cle_steps: int = 10                   # passes over the pairs (a layer in two pairs is pulled both ways)
+    cle_to_relu6: bool = False            # forced CLE through ReLU6 (changes the float model; the report says how much)
+    cle_bias_absorb: bool = False         # Nagel et al. 2019 §4.2 bias absorption after ReLU (calibration-data minimum)
     nodes_to_exclude: tuple[str, ...] = ()  # ONNX node (or output tensor) names kept float on the CPU (vai_q_onnx)
     finetune_iters: int = 200
     seed: int = 0
@@ -61,6 +72,9 @@ class QuantConfig:
         if isinstance(self.nodes_to_exclude, str) or not all(isinstance(n, str) and n
                                                                for n in self.nodes_to_exclude):
             raise QuantError(f"QUANT_CONFIG: nodes_to_exclude {self.nodes_to_exclude!r} must be a list of node names")
+        for name in ("cle", "cle_to_relu6", "cle_bias_absorb"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise QuantError(f"QUANT_CONFIG: {name} {getattr(self, name)!r} is not a boolean")
         if self.bit_width != 8:
             raise QuantError(f"ILLEGAL_BITWIDTH: the DPU takes 8-bit tensors, not {self.bit_width}")
         if self.statistic is not None and self.statistic not in C.STATISTICS:
@@ -73,7 +87,7 @@ class QuantConfig:
                 or not 0 < p <= 100:
             raise QuantError(f"QUANT_CONFIG: percentile {p!r} is out of range; it must be in (0, 100]")
         for name, lo in (("batch_size", 1), ("calib_limit", 1), ("finetune_iters", 1), ("eltwise_spread", 0),
-                         ("seed", 0)):
+                         ("seed", 0), ("cle_steps", 1)):
             v = getattr(self, name)
             if v is None and name == "calib_limit":
                 continue
@@ -326,23 +340,44 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
                      fixed: dict[str, int] | None = None):
     """Apply the DPU's fix-point rules to the calibrated positions; returns (act_fp, adjustments).
 
-    Shared positions: concat inputs and output, pool input and output, upsample, reshape, slice and tile in/out.
+    Shared positions: max-pool (and with cfg.align_pool avg-pool), upsample, reshape, slice and tile in/out; a
+    concat and its producers (with cfg.align_concat all of them, else those read by nothing but the concat: the
+    others keep their own position, the concat takes the minimum, within ELEW's 15 of each). An avg pool keeps
+    its own output position, at most fp_in + M + 7 (its ALU exponent, §7.4).
     Lowered (never raised) so nothing overflows: conv shift_cut = fp_in + fp_w - fp_out ≥ 0 (spec §7.2);
     eltwise-add input spread ≤ cfg.eltwise_spread (§7.5); ELEW shift_write ≤ 15 (§7.5); hard-sigmoid output 7;
     prelu shifts fp_in - fp_out and s + fp_in - fp_out ≥ -PRELU_SHIFT_MAX (§7.7). The shift limits are
     compiler.fixpoint's (conv_fp_out_max, elew_fp_out_max)."""
     g = _Groups()
     q = {n.name: n for n in prep.nodes}
+
+    def qins(n):
+        return [i for i in n.inputs if i in raw and q[i].quantized]
+
     for n in prep.nodes:
         if n.name not in raw:
             continue
         g.find(n.name)
         if not n.quantized:
             continue
-        ins = [i for i in n.inputs if i in raw and q[i].quantized]
-        if n.kind == "concat" and cfg.align_concat or n.kind in ("upsample", "reshape", "slice", "tile") or \
-                (n.kind == "pool" and cfg.align_pool):
-            for i in ins:
+        if n.kind in ("upsample", "reshape", "slice", "tile") or (n.kind == "pool" and (
+                n.attrs.get("type") == "MAX" or cfg.align_pool)):
+            for i in qins(n):
+                g.union(n.name, i)
+    outs = set(prep.outputs)
+    unaligned: dict[str, list[str]] = {}       # concat -> the producers that keep their own fix point
+    for n in prep.nodes:                       # topological: a concat feeding only a concat joins it as well
+        if n.kind != "concat" or n.name not in raw or not n.quantized:
+            continue
+        for i in qins(n):
+            r = g.find(i)
+            members = [m for m in raw if g.find(m) == r]
+            alone = not cfg.align_concat and any(
+                m in outs or any(c.name != n.name and g.find(c.name) != r for c in prep.consumers(m))
+                for m in members)
+            if alone:
+                unaligned.setdefault(n.name, []).append(i)
+            else:
                 g.union(n.name, i)
     fp: dict[str, int] = {}
     for name, v in raw.items():
@@ -370,6 +405,15 @@ def solve_fix_points(prep: Prepared, raw: dict[str, int], w_fp: dict[str, int], 
         for n in prep.nodes:
             if n.name not in raw or not n.quantized:
                 continue
+            if n.kind == "pool" and n.attrs.get("type") == "AVG" and n.inputs[0] in raw \
+                    and g.find(n.name) != g.find(n.inputs[0]):
+                m = avg_geometry(n)[3]      # ALU avg pool: y = s·N·2^(fp_out - fp_in - M), exponent <= 7 (§7.4)
+                changed |= lower(n.name, get(n.inputs[0]) + m + F.POOL_EXP_MAX,
+                                 f"avg-pool fp_out - fp_in - M must be <= {F.POOL_EXP_MAX} (ALU shift_cut)")
+            for i in unaligned.get(n.name, ()):  # the concat takes the minimum; the rescale is an ELEW shift
+                changed |= lower(n.name, get(i), "concat output fix point <= each input's (min)")
+                changed |= lower(i, get(n.name) + F.ELEW_SHIFT_WRITE_MAX,
+                                 f"concat input fix point within {F.ELEW_SHIFT_WRITE_MAX} of the output (ELEW)")
             if n.kind == "hsigmoid":        # at most 7 ([0, 1]); lower is fine (a larger shift_hsigmoid), so the
                 changed |= lower(n.name, HSIG_OUT_FP, "hard-sigmoid output fix point <= 7")   # rule only lowers
             if n.kind in CONV_KINDS and n.inputs[0] in raw:
@@ -415,6 +459,7 @@ class QuantResult:
     model_name: str = "model"
     notes: list = field(default_factory=list)
     _sessions: dict = field(default_factory=dict, repr=False)
+    cle: dict = field(default_factory=dict)      # cross-layer equalization: pairs, absorption (`_cle`)
 
     # ---- views --------------------------------------------------------------------------------
     def xmodel(self):
@@ -497,7 +542,8 @@ class QuantResult:
             p_s, p_e = float(np.mean(a * a)), float(np.mean(err * err))
             sqnr = float("inf") if p_e == 0 else 10 * np.log10(max(p_s, 1e-30) / p_e)
             fp = self.qp.act_fp.get(n.name)
-            rows.append({"layer": n.name, "kind": n.kind, "device": n.device, "fix_point": fp,
+            rows.append({"layer": n.name, "kind": n.kind, "device": n.device, "inputs": list(n.inputs),
+                         "fix_point": fp,
                          "weight_fix_point": self.qp.w_fp.get(n.name), "bias_fix_point": self.qp.b_fp.get(n.name),
                          "sqnr_db": round(sqnr, 2), "max_abs_err": float(np.max(np.abs(err))) if err.size else 0.0,
                          "max_err_lsb": (float(np.max(np.abs(err))) * 2.0 ** fp
@@ -534,6 +580,28 @@ class QuantResult:
         return coverage_of((d, n.device, n.reason) for n, d in zip(self.prep.nodes, op_descs(self.prep))
                            if n.kind != "input")
 
+    def _cle_lines(self) -> list[str]:
+        c = self.cle
+        if not self.config.cle:
+            return ["", "cross-layer equalization: off (--no-cle)"]
+        pairs = c.get("pairs", [])
+        lines = ["", f"cross-layer equalization: {len(pairs)} pair(s), {c.get('steps')} steps"
+                 + (", forced through ReLU6" if c.get("to_relu6") else "")
+                 + "  (channel-range spread, log2 max/min: first layer, second layer; before -> after)"]
+        for p in pairs:
+            via = "+".join(p["via"]) or "identity"
+            lines.append(f"  {p['first']} -> {p['second']} via {via}{'' if p['exact'] else ' (inexact)'}: "
+                         f"{p['spread_first'][0]:.1f} -> {p['spread_first'][1]:.1f}, "
+                         f"{p['spread_second'][0]:.1f} -> {p['spread_second'][1]:.1f}; "
+                         f"s {p['scale_min']:.3g}..{p['scale_max']:.3g}")
+        for o, v in c.get("float_change_sqnr_db", {}).items():
+            lines.append(f"  forced CLE changed the float model: output {o} SQNR "
+                         f"{'inf' if v is None else f'{v:.2f}'} dB against the original (calibration samples)")
+        for b in c.get("bias_absorbed", []):
+            lines.append(f"  bias absorbed: {b['first']} -> {b['second']}: {b['channels']} channel(s), "
+                         f"up to {b['max_shift']:.3g}")
+        return lines
+
     def report_text(self, rows: list[dict]) -> str:
         t = self.target
         cov = self.coverage()
@@ -556,6 +624,7 @@ class QuantResult:
         if self.notes:
             lines.append("")
             lines.extend(self.notes)
+        lines += self._cle_lines()
         lines.append("")
         lines.append(f"{'layer':48s} {'kind':9s} {'dev':3s} {'fp':>3s} {'w_fp':>4s} {'b_fp':>4s} {'SQNR dB':>8s} "
                      f"{'max err LSB':>11s}")
@@ -618,7 +687,7 @@ class QuantResult:
                "config": asdict(self.config), "timings_s": self.timings, "layers": rows,
                "cpu_ops": [{"op": n.name, "kind": n.kind, "reason": n.reason} for n in self.prep.nodes
                            if n.device == "CPU"],
-               "adjustments": self.adjustments, "notes": self.notes}
+               "adjustments": self.adjustments, "notes": self.notes, "cle": self.cle}
         if evaluate:
             rep["evaluate"] = evaluate
         paths["report_json"] = os.path.join(d, "report.json")
@@ -704,9 +773,13 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
         raise QuantError(f"{source}: models with {len(prep.input_nodes)} inputs are not supported (one input)")
     inp = prep.input_nodes[0]
     qi = _load_quant_info(quant_info, prep) if quant_info is not None else None   # inputs checked before any work
+    if qi is not None:
+        _check_quant_info_cle(qi, cfg)
     x = calib_arrays(calib, inp.shape, cfg.calib_limit, check_values=qi is None)   # calibrated on: not constant
     placements = place_nodes(prep, target)
     timings["prepare"] = time.perf_counter() - t0
+    cle_info = _cle(prep, cfg, x) if cfg.cle else {}
+    timings["cle"] = time.perf_counter() - t0 - timings["prepare"]
     qp = QParams()
     t1 = time.perf_counter()
     if cfg.bias_corr:
@@ -743,6 +816,7 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
             qp.b_q[n] = C.quantize(prep.node(n).bias, v, 8, cfg.weight_round)
     res = QuantResult(prep, qp, cfg, target, placements, adjustments, int(len(x)), timings, observers,
                       _model_name(m, source), list(prep.notes))
+    res.cle = cle_info
     if cfg.fast_finetune:
         t3 = time.perf_counter()
         from opendpu.quant.finetune import fast_finetune
@@ -750,6 +824,49 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
         timings["fast_finetune"] = time.perf_counter() - t3
     timings["total"] = time.perf_counter() - t0
     return res
+
+
+CLE_CHECK_SAMPLES = 8  # calibration samples on which a forced (inexact) CLE's change of the float model is measured
+
+
+def _float_outputs(prep: Prepared, x: np.ndarray, names: list[str], batch: int) -> dict[str, list[np.ndarray]]:
+    sess = session(emit_onnx(prep, "float", None, all_outputs=True))
+    inp = prep.input_nodes[0].name
+    out: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for b in range(0, len(x), batch):
+        for n, v in zip(names, sess.run([value_name(prep, n, "float") for n in names], {inp: x[b:b + batch]})):
+            out[n].append(v)
+    return out
+
+
+def _cle(prep: Prepared, cfg: QuantConfig, x: np.ndarray) -> dict:
+    """Cross-layer equalization of the prepared float graph (quant/cle.py) before weights and calibration; returns
+    the record for quant_info / the report: every pair, and for a forced (inexact, ReLU6) CLE the float model's
+    output SQNR after CLE against before on the first CLE_CHECK_SAMPLES calibration samples."""
+    from opendpu.quant import cle
+    pairs = cle.find_pairs(prep, cfg.cle_to_relu6)
+    inexact = any(not p.exact for p in pairs)
+    xs = x[:CLE_CHECK_SAMPLES]
+    before = _float_outputs(prep, xs, prep.outputs, cfg.batch_size) if inexact else None
+    recs = cle.equalize(prep, cfg.cle_steps, cfg.cle_to_relu6)
+    info: dict = {"steps": cfg.cle_steps, "to_relu6": cfg.cle_to_relu6, "pairs": recs}
+    if before is not None:
+        after = _float_outputs(prep, xs, prep.outputs, cfg.batch_size)
+        info["float_change_sqnr_db"] = {}
+        for o in prep.outputs:
+            a, b = np.concatenate(before[o]).astype(np.float64), np.concatenate(after[o]).astype(np.float64)
+            pe = float(np.mean((a - b) ** 2))
+            info["float_change_sqnr_db"][o] = None if pe == 0 else \
+                round(float(10 * np.log10(max(float(np.mean(a * a)), 1e-30) / pe)), 2)   # None: unchanged
+    if cfg.cle_bias_absorb:
+        cands = cle.absorb_candidates(prep, recs)
+        if cands:
+            vals = _float_outputs(prep, x, [n1.name for n1, _ in cands], cfg.batch_size)
+            mins = {n: np.min(np.concatenate(v), axis=(0, 2, 3)) for n, v in vals.items()}
+            info["bias_absorbed"] = cle.absorb_bias(cands, mins)
+        else:
+            info["bias_absorbed"] = []
+    return info
 
 
 FP_LIMIT = 64          # XIR's fix_point range (-64..64, the xmodel writer's check)
@@ -861,4 +978,27 @@ def _load_quant_info(qi, prep: Prepared) -> dict:
     if missing or unknown:
         raise QuantError(f"CALIB_RESULT_MISMATCH: {src} does not match the model: missing "
                          f"{missing[:5]}{'…' if len(missing) > 5 else ''}, unknown {unknown[:5]}")
-    return {"act": act, "w": w, "b": b}
+    conf = qi.get("config")
+    return {"act": act, "w": w, "b": b, "config": conf if isinstance(conf, dict) else None, "src": src}
+
+
+def _check_quant_info_cle(qi: dict, cfg: QuantConfig) -> None:
+    """The weights a quant_info's fix points were chosen for depend on CLE: a file made with other CLE settings (one
+    from before CLE existed records none: no CLE) would clip or waste weight bits, so it is refused naming the
+    option. A quant_info without a config table (written by hand) is not checked."""
+    conf = qi.get("config")
+    if conf is None:
+        return
+    was = {"cle": bool(conf.get("cle", False)), "cle_steps": conf.get("cle_steps", cfg.cle_steps),
+           "cle_to_relu6": bool(conf.get("cle_to_relu6", False)), "cle_bias_absorb": bool(conf.get("cle_bias_absorb",
+                                                                                                    False))}
+    now = {"cle": cfg.cle, "cle_steps": cfg.cle_steps, "cle_to_relu6": cfg.cle_to_relu6,
+           "cle_bias_absorb": cfg.cle_bias_absorb}
+    if not was["cle"] and not now["cle"]:
+        return
+    diff = [k for k in was if was[k] != now[k]]
+    if diff:
+        k = diff[0]
+        hint = " (give --no-cle)" if k == "cle" and not was["cle"] else ""
+        raise QuantError(f"CALIB_RESULT_MISMATCH: {qi['src']} was made with {k}={was[k]!r}, this run has "
+                         f"{k}={now[k]!r}{hint}: cross-layer equalization changes the weights its fix points are for")

@@ -625,6 +625,76 @@ def summary(names=None, input_size=None, models: dict | None = None) -> list[dic
     return rows
 
 
+# ----------------------------------------------------------------------------------------------- CLE-sensitive weights
+def cle_sensitive(model: onnx.ModelProto, seed: int = 0, decades: float = 2.0, relu6: str = "relu") -> onnx.ModelProto:
+    """A copy of `model` whose depthwise convs' output channels span orders of magnitude, as BatchNorm folding
+    leaves trained depthwise layers: each depthwise conv (+ BatchNormalization) followed by an activation and a 1x1
+    (or any group-1) conv gets channel c scaled by k_c = 10**U(-decades, decades) (the BN's gamma and beta, else the
+    conv's weights and bias) and the next conv's input channel c by 1/k_c. Through ReLU, LeakyReLU or no activation
+    the float function is unchanged. `relu6`: "relu" replaces every Clip(0, 6) by Relu first (vai_q's
+    convert_relu6_to_relu; then the sensitized model computes what the converted model does); "keep" scales
+    through the ReLU6 as well, which makes another float model (channel c clips at 6/k_c of its former scale)."""
+    if relu6 not in ("relu", "keep"):
+        raise ValueError(f"relu6 {relu6!r}: use 'relu' or 'keep'")
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    if relu6 == "relu":
+        for n in g.node:
+            if n.op_type == "Clip":
+                n.op_type = "Relu"
+                del n.input[1:]
+                del n.attribute[:]
+    inits = {t.name: t for t in g.initializer}
+    cons: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            cons.setdefault(i, []).append(n)
+    outs = {o.name for o in g.output}
+
+    def only(t):
+        c = cons.get(t, [])
+        return c[0] if len(c) == 1 and t not in outs else None
+
+    def arr(name):
+        return numpy_helper.to_array(inits[name]).astype(np.float64)
+
+    def put(name, a):
+        inits[name].CopyFrom(numpy_helper.from_array(a.astype(np.float32), name))
+
+    rng = np.random.default_rng(seed)
+    for n in list(g.node):
+        if n.op_type != "Conv" or n.input[1] not in inits:
+            continue
+        group = next((helper.get_attribute_value(a) for a in n.attribute if a.name == "group"), 1)
+        w = arr(n.input[1])
+        if group == 1 or group != w.shape[0] or w.shape[1] != 1:
+            continue
+        bn = only(n.output[0])
+        t = n.output[0]
+        if bn is not None and bn.op_type == "BatchNormalization":
+            t = bn.output[0]
+        else:
+            bn = None
+        act = only(t)
+        if act is not None and act.op_type in ("Relu", "LeakyRelu", "Clip"):
+            t = act.output[0]
+        nxt = only(t)
+        if nxt is None or nxt.op_type != "Conv" or nxt.input[1] not in inits or \
+                next((helper.get_attribute_value(a) for a in nxt.attribute if a.name == "group"), 1) != 1:
+            continue
+        k = 10.0 ** rng.uniform(-decades, decades, w.shape[0])
+        if bn is not None:
+            put(bn.input[1], arr(bn.input[1]) * k)
+            put(bn.input[2], arr(bn.input[2]) * k)
+        else:
+            put(n.input[1], w * k.reshape(-1, 1, 1, 1))
+            if len(n.input) > 2 and n.input[2]:
+                put(n.input[2], arr(n.input[2]) * k)
+        put(nxt.input[1], arr(nxt.input[1]) / k.reshape(1, -1, 1, 1))
+    return m
+
+
 # ---------------------------------------------------------------------------------------------------------- digits
 def digits_data() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """sklearn load_digits as float32 NCHW [N,1,8,8] in [-1,1] (pixel/8 - 1) with a fixed stratified 70/30 split."""

@@ -5,6 +5,7 @@ import argparse
 import csv
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -872,7 +873,8 @@ def cmd_quantize(a) -> int:
     cfg = QuantConfig(method=a.method, weight_method=a.weight_method, statistic=a.statistic,
                       percentile=a.percentile, batch_size=a.batch_size, calib_limit=a.calib_limit,
                       replace_sigmoid=a.replace_sigmoid, replace_silu=a.replace_silu, bias_corr=a.bias_corr,
-                      fast_finetune=a.fast_finetune, nodes_to_exclude=tuple(a.exclude_nodes or ()), seed=a.seed)
+                      fast_finetune=a.fast_finetune, nodes_to_exclude=tuple(a.exclude_nodes or ()), seed=a.seed,
+                      cle=not a.no_cle)
     from_data = None if a.input_shape else _calib_shape(a.model, a.calib)
     shape = _onnx_input_shape(a.model, a.input_shape or from_data)
     # checked before any work; errors name the file. Constant data is refused unless no calibration runs
@@ -1083,8 +1085,11 @@ def cmd_build(a) -> int:
     if a.options is not None:
         parse_options(a.options)
     inputs = [a.model, a.calib] + ([a.target] if os.path.isfile(a.target) else [])
+    if a.evaluate:
+        inputs.append(input_path(a.evaluate, "--evaluate") or a.evaluate)
     check_dir(a.output, force=a.force, inputs=inputs, what="output directory (-o)",
-              names=[f"quantized/{f}" for f in quant_names(a.model)] + [f"compiled/{f}" for f in output_names(name)])
+              names=[f"quantized/{f}" for f in quant_names(a.model)] + [f"compiled/{f}" for f in output_names(name)]
+              + ["accuracy.json"])
     # the three verbs' own arguments, checked before any work; their paths are set inside the output below
     q = _verb_args(["quantize", a.model, "--calib", a.calib, "--target", a.target, "-o", "quantized",
                     "--seed", str(a.seed)] + (["--method", a.method] if a.method else [])
@@ -1092,10 +1097,12 @@ def cmd_build(a) -> int:
                    + (["--replace-silu", a.replace_silu] if a.replace_silu else [])
                    + (["--fast-finetune"] if a.fast_finetune else [])
                    + (["--bias-corr"] if a.bias_corr else [])
+                   + (["--no-cle"] if a.no_cle else [])
                    + (["--exclude-nodes", ",".join(a.exclude_nodes)] if a.exclude_nodes else []))
     c = _verb_args(["compile", "-x", "quantized.xmodel", "--target", a.target, "-o", "compiled", "-n", name]
                    + (["--options", a.options] if a.options is not None else []))
     k = _verb_args(["check", f"{name}.xmodel", "-n", str(a.check_n), "--seed", str(a.seed)])
+    ev_data, ev_what = _build_eval_data(a, q)
     out = DirOutput(a.output, force=a.force, inputs=inputs, what="output directory (-o)", net=name)
     with out as tmp:
         q.output, c.output_dir = os.path.join(tmp, "quantized"), os.path.join(tmp, "compiled")
@@ -1112,10 +1119,68 @@ def cmd_build(a) -> int:
         print("== check (sim against ref on random inputs)")
         k.model = os.path.join(c.output_dir, f"{name}.xmodel")
         rc = int(k.fn(k) or 0)
+        verdict = _build_verdict(a, tmp, ev_data, ev_what, q.output)
     print(format_coverage(cov, target_label(target)))
+    from opendpu.runtime.verdict import NOISE_DB, format_verdict
+    for line in format_verdict(verdict):
+        print(line)
+    if verdict["collapsed"]:
+        _warn(f"an output of the INT8 model does not follow the float model (SQNR {verdict['_low']:.1f} dB, "
+              f"below {NOISE_DB:g} dB: the error power is half the signal's or more, e.g. a constant or near-zero "
+              f"output); this build is not accurate")
     print(f"wrote {a.output}/quantized ({found[0]}, ...) and {a.output}/compiled ({name}.xmodel, {name}_org.xmodel, "
-          f"meta.json)" + ("" if rc == 0 else "; the check found mismatches (exit 1)"))
+          f"meta.json) and {a.output}/accuracy.json" + ("" if rc == 0 else "; the check found mismatches (exit 1)"))
+    if verdict["below_floor"]:
+        print(f"opendpu build: accuracy below --min-sqnr {a.min_sqnr:g} dB: smallest output SQNR "
+              + ("not measured" if verdict.get("not_measured") else f"{verdict['_low']:.2f} dB")
+              + " (exit 1)")
+        rc = 1
     return rc
+
+
+def _build_eval_data(a, q):
+    """build's verdict data, checked before any work: (x, y) of --evaluate, else the held-out calibration samples
+    (then `q.calib_limit` keeps them out of calibration); and the words naming them."""
+    from opendpu.quant.onnx_in import QuantError
+    from opendpu.quant.quantize import calib_arrays, eval_arrays
+    from opendpu.runtime.verdict import HOLDOUT_MIN, holdout
+    shape = _onnx_input_shape(a.model, a.input_shape or _calib_shape(a.model, a.calib))
+    if a.evaluate:
+        ex, ey = _npz_or_npy(a.evaluate, "--evaluate")
+        try:
+            x, y = eval_arrays(ex, shape, ey)
+        except QuantError as e:
+            raise CliError(f"--evaluate {a.evaluate}: {e}") from None
+        return (x, y), f"samples of {a.evaluate}"
+    x = calib_arrays(a.calib, shape)                # checked as a whole (constant data refused) before any split
+    n = len(x)
+    h = holdout(n)
+    if h == 0:
+        return (x, None), (f"calibration samples (fewer than {HOLDOUT_MIN}: none held out, so this measures the "
+                           f"calibration set itself)")
+    q.calib_limit = n - h
+    return (x[n - h:], None), f"held-out samples (the last {h} of {n}; calibrated on the first {n - h})"
+
+
+def _build_verdict(a, tmp: str, ev_data, ev_what: str, qdir: str) -> dict:
+    """Compare the compiled model in `tmp` with the float model, name the first collapsing layer of the quantize
+    report, and write `accuracy.json` into `tmp` (published with the build)."""
+    from opendpu.runtime.compare import Comparison, CompareError
+    from opendpu.runtime.verdict import first_collapse, not_measured, verdict
+    print("== accuracy (float onnxruntime against the compiled model on ref)")
+    with open(os.path.join(qdir, "report.json")) as f:
+        collapse = first_collapse(json.load(f))
+    try:
+        c = Comparison(a.model, tmp, ev_data, backend="ref")
+        for w in c.warnings:
+            _warn(w)
+        v = verdict(c.run(), ev_what, collapse, a.min_sqnr)
+    except CompareError as e:           # e.g. a model onnxruntime cannot load: the build stands, unmeasured
+        v = not_measured(str(e).strip().splitlines()[0], ev_what, collapse, a.min_sqnr)
+    with open(os.path.join(tmp, "accuracy.json"), "w") as f:
+        json.dump({k: x for k, x in v.items() if not k.startswith("_")}, f, indent=1)
+        f.write("\n")
+    return v
 
 
 # ---- compare -----------------------------------------------------------------------------------------------
@@ -1419,6 +1484,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--replace-silu", choices=("hardswish",), help="SiLU x*sigmoid(x) -> hard-swish, on the DPU (an "
                    "approximation: compare the accuracy with and without it); by default sigmoid stays on the CPU")
     q.add_argument("--bias-corr", action="store_true", help="bias correction")
+    q.add_argument("--no-cle", action="store_true", help="no cross-layer equalization (on by default, as in vai_q; "
+                   "the report lists the equalized layer pairs)")
     q.add_argument("--fast-finetune", action="store_true", help="layer-wise AdaQuant-style fast finetune")
     q.add_argument("--exclude-nodes", type=names_arg, metavar="NAME[,NAME]",
                    help="ONNX nodes (or their output tensors) kept float on the CPU, as vai_q_onnx's nodes_to_exclude "
@@ -1483,6 +1550,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--replace-silu", choices=("hardswish",), help="as for quantize: SiLU -> hard-swish on the DPU")
     b.add_argument("--fast-finetune", action="store_true", help="as for quantize")
     b.add_argument("--bias-corr", action="store_true", help="as for quantize: bias correction")
+    b.add_argument("--no-cle", action="store_true", help="as for quantize: no cross-layer equalization")
     b.add_argument("--exclude-nodes", type=names_arg, metavar="NAME[,NAME]",
                    help="as for quantize: ONNX nodes kept float on the CPU")
     b.add_argument("--check-n", type=int_range(1, 100000), default=2, help="random inputs per DPU subgraph for the "
@@ -1490,6 +1558,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=SEED, default=0)
     b.add_argument("--input-shape", type=shape_arg, metavar="N,C,H,W",
                    help="the input shape (NCHW) for a model whose input has dynamic dimensions")
+    b.add_argument("--evaluate", metavar="DATA", help="data for the accuracy verdict (.npz with x and optional y, "
+                   ".npy or folder); default: held-out calibration samples (docs/accuracy.md)")
+    b.add_argument("--min-sqnr", type=float_range(-math.inf, math.inf), metavar="DB",
+                   help="exit 1 (after writing the outputs) when an output's SQNR against float is below DB")
     force(b)
     b.set_defaults(fn=cmd_build)
     cm = verb("compare", "accuracy of a compiled model against its float ONNX model: task metric and per-output SQNR")

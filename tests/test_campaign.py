@@ -521,6 +521,11 @@ def _dynamic_model(root: str, p: dict) -> None:
 COMPILE_C = COMPILE_Q + " -o c -n net"                 # a compiled digits CNN in c/, for compare
 Q_DIGITS = "quantize {onnx} " + B512 + " --method maxmin"        # QUANTIZE, the calibration data left to the case
 DATA_CASES: list[Case] = [
+    # the accuracy verdict (issue 30 part 5): a floor that is no number is a mistake; a build below it fails (exit 1)
+    # after writing its outputs, all opendpu's own under b/
+    Case("build_min_sqnr_nan", BUILD + " -o b --min-sqnr nan", must=["--min-sqnr", "finite"]),
+    Case("build_below_min_sqnr", BUILD + " -o b --min-sqnr 200", 1,
+         must=["accuracy below --min-sqnr 200 dB", "wrote b/quantized"]),
     # plugins: sys.exit() / SystemExit in a plugin is the plugin's error, never opendpu's exit 0
     Case("run_plugin_exits_at_import", "run {mnist} -i {x} -o r.npz --op-plugin p.py",
          must=["--op-plugin p.py", "sys.exit(0)"], setup=_plugin("p.py", "sys.exit(0)\n")),

@@ -9,6 +9,9 @@
 * from_compiled on the five shared models: the recovered graph on the golden equals the compiled model on its 'ref'
   backend and, for three of them, on the instruction simulator.
 * bad input: a float graph, corrupted attributes of each form -> FrontendError naming the op.
+* the ONNX front end (quant/onnx_in.py) on the export idioms of Paddle, PyTorch and tf2onnx (`EXPORT_IDIOMS`: a
+  Reshape's -1 and 0, computed reshape targets, Flatten axes, Squeeze/Unsqueeze axes by opset, dim_value -1):
+  static shapes and float values against onnxruntime, golden == integer reference, and a few compiled.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import pytest
 from onnx import helper as h
 
 from opendpu.compiler import frontend as fe
+from opendpu.compiler.fixpoint import avg_pool_factor
 from opendpu.compiler.frontend import FrontendError, canonicalize, detect_form, from_compiled, from_vai_q
 from opendpu.compiler.xir.graph import Attrs, Graph, Tensor
 from opendpu.isa.errors import OpenDpuError
@@ -166,13 +170,21 @@ def test_vai_q_round_trip_is_lossless(quantized, tmp_path):
 def test_vai_q_graph_means_the_same_as_the_fix_graph(quantized, matmul_op):
     """Independent of from_vai_q: the golden's float ops (conv2d, relu6, add, hard-sigmoid, ..., fix) on the vai_q
     graph give every quantized tensor of the integer graph; only the DPU's avg-pool divisor approximation (the 3x3
-    avg pool of the rich model, 7/64 for 1/9) may differ, by one LSB."""
+    avg pool of the rich model, 7/64 for 1/9) may differ, by one LSB, and only there and downstream of it."""
     name, res, x = quantized
     g0 = res.xmodel()
     v = to_vai_q(g0)
     _, r0 = _run(g0, x.transpose(0, 2, 3, 1))
     _, r1 = _run(v, x.transpose(0, 2, 3, 1))
     by_tensor = {op.output.name: op.name for op in v.ops.values()}
+    approx = set()                # avg pools whose N/2^M is not 1/(kh*kw), and everything they feed
+    for op in g0.ops.values():    # (topological order)
+        if op.type == "pool-fix" and op.attrs["type"] == "AVG":
+            n_, m_ = avg_pool_factor(*op.attrs["kernel"])
+            if Fraction(n_, 2 ** m_) != Fraction(1, math.prod(op.attrs["kernel"])):
+                approx.add(op.name)
+        if any(i in approx for i in op.input_ops()):
+            approx.add(op.name)
     tot = exact = checked = 0
     for op in g0.ops.values():
         t = op.output
@@ -182,9 +194,11 @@ def test_vai_q_graph_means_the_same_as_the_fix_graph(quantized, matmul_op):
         b = r1.values[by_tensor[t.name]].astype(np.float64).reshape(a.shape) * 2.0 ** t.fix_point
         assert np.array_equal(b, np.round(b)), op.name   # the fix op put it on the tensor's grid
         d = np.abs(a - b)
-        assert d.max() <= (1 if name == "rich" else 0), (op.name, op.type, d.max())
+        assert d.max() <= (1 if op.name in approx else 0), (op.name, op.type, d.max())
         tot, exact, checked = tot + d.size, exact + int((d == 0).sum()), checked + 1
-    assert checked >= 7 and exact / tot >= 0.99
+    # the rich model's 3x3 avg pool keeps its own, finer output fix point (8 for input 7), where 7/64 vs 1/9
+    # shows in about a fifth of its values: 98.5 % of all values are exact
+    assert checked >= 7 and exact / tot >= 0.98
 
 
 def test_cpu_placed_ops_round_trip():
@@ -648,3 +662,190 @@ def test_corrupted_compiled_model():
     g.ops["input_1_upload_0"].inputs["input"].append("quant_conv2d_bias")
     g._consumers = None
     _raises(lambda: canonicalize(g), "'input_1_upload_0'", "one input")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the ONNX front end (quant/onnx_in.py) takes what exporters write: each idiom's static shapes, resolved from the
+# input shape as onnxruntime resolves them, and the prepared float model's values, against onnxruntime
+# ---------------------------------------------------------------------------------------------------
+
+def _idiom_model(tail, inits, in_dims, out_dims, opset):
+    """conv 3->8 + ReLU + global average pool ('p', [1, 8, 1, 1]), then `tail` (nodes reading 'r' or 'p' and
+    writing 'y'); the input and the output declared with `in_dims` / `out_dims` as the exporter wrote them."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import numpy_helper as nh
+    r = np.random.default_rng(3)
+    inits = {"w": r.normal(0, .3, (8, 3, 3, 3)).astype(np.float32), **inits}
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             h.make_node("Relu", ["c"], ["r"], name="relu"),
+             h.make_node("GlobalAveragePool", ["r"], ["p"], name="gap")] + tail
+    g = h.make_graph(nodes, "idiom", [h.make_tensor_value_info("x", T.FLOAT, in_dims)],
+                     [h.make_tensor_value_info("y", T.FLOAT, out_dims)],
+                     [nh.from_array(np.asarray(v), k) for k, v in inits.items()])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    m.ir_version = 7
+    onnx.checker.check_model(m)
+    return m
+
+
+def _fc(k=8, n=5, seed=4):
+    r = np.random.default_rng(seed)
+    return {"fc": r.normal(0, .3, (k, n)).astype(np.float32), "fb": r.normal(0, .1, n).astype(np.float32)}
+
+
+_I64 = lambda *v: np.array(v, np.int64)         # noqa: E731
+_N = h.make_node
+_DENSE = [_N("MatMul", ["f", "fc"], ["mm"], name="mm"), _N("Add", ["mm", "fb"], ["y"], name="fc_add")]
+
+# idiom -> (tail nodes, extra initializers, declared input dims, declared output dims, opset)
+EXPORT_IDIOMS = {
+    # Paddle2ONNX: the flatten before the classifier is Reshape(x, [-1, C]); dynamic sizes are written as
+    # dim_value -1 (input and output), the opset-11 Softmax is converted to opset 13 (it adds a Reshape), and the
+    # graph output is an Identity of the softmax (save_infer_model/scale_0.tmp_1)
+    "paddle_reshape_minus1": ([_N("Reshape", ["p", "shp"], ["f"], name="flatten"), *_DENSE[:1],
+                               _N("Add", ["mm", "fb"], ["z"], name="fc_add"), _N("Softmax", ["z"], ["sm"], axis=1),
+                               _N("Identity", ["sm"], ["y"], name="save_infer_model")],
+                              {"shp": _I64(-1, 8), **_fc()}, [-1, 3, -1, -1], [-1, 5], 11),
+    # Paddle's flatten computed at run time: Shape -> Slice [0:1] -> Cast -> Concat with [C] -> Reshape
+    "paddle_shape_slice_concat": ([_N("Shape", ["p"], ["s"]), _N("Slice", ["s", "st", "en", "ax"], ["sl"]),
+                                   _N("Cast", ["sl"], ["c1"], to=7), _N("Concat", ["c1", "k"], ["shp"], axis=-1),
+                                   _N("Reshape", ["p", "shp"], ["f"], name="flatten"), *_DENSE],
+                                  {"st": _I64(0), "en": _I64(1), "ax": _I64(0), "k": _I64(8), **_fc()},
+                                  [-1, 3, "h", "w"], [-1, 5], 11),
+    # 0 copies the input's dimension (allowzero absent / 0)
+    "reshape_zero_copies": ([_N("Reshape", ["p", "shp"], ["f"], name="flatten"), *_DENSE],
+                            {"shp": _I64(0, -1), **_fc()}, ["N", 3, 8, 8], ["N", 5], 13),
+    "reshape_zero_copies_4d": ([_N("Reshape", ["r", "shp"], ["y"], name="rs")], {"shp": _I64(0, -1, 0, 0)},
+                               [1, 3, 8, 8], ["a", "b", "c", "d"], 13),
+    "reshape_zero_copies_3d": ([_N("Reshape", ["r", "shp"], ["y"], name="rs")], {"shp": _I64(0, 0, -1)},
+                               [1, 3, 8, 8], ["a", "b", "c"], 13),
+    # allowzero=1 (opset 14): a 0 would be a literal zero size; without one, -1 resolves as before
+    "reshape_allowzero": ([_N("Reshape", ["p", "shp"], ["f"], name="flatten", allowzero=1), *_DENSE],
+                          {"shp": _I64(1, -1), **_fc()}, ["N", 3, 8, 8], ["N", 5], 14),
+    # PyTorch x.view(x.size(0), -1): Shape -> Gather -> Unsqueeze (axes as input) -> Concat -> Reshape, then Gemm
+    "torch_view_size0": ([_N("Shape", ["p"], ["s"]), _N("Gather", ["s", "i0"], ["g"], axis=0),
+                          _N("Unsqueeze", ["g", "ax0"], ["u"]), _N("Concat", ["u", "m1"], ["shp"], axis=0),
+                          _N("Reshape", ["p", "shp"], ["f"], name="view"),
+                          _N("Gemm", ["f", "fcT", "fb"], ["y"], transB=1, name="linear")],
+                         {"i0": np.array(0, np.int64), "ax0": _I64(0), "m1": _I64(-1),
+                          "fcT": _fc()["fc"].T.copy(), "fb": _fc()["fb"]}, ["batch_size", 3, 8, 8],
+                         ["batch_size", 5], 13),
+    # Flatten with each axis (nn.Flatten is axis 1; axis 0 gives [1, CHW]; 2, 3 and -1 merge other dims)
+    **{f"flatten_axis_{ax}": ([_N("Flatten", ["r"], ["y"], axis=ax, name="flat")], {}, [1, 3, 8, 8],
+                              ["a", "b"], 13) for ax in (0, 1, 2, 3, -1)},
+    # tf2onnx: GlobalAveragePool -> Squeeze; axes an attribute up to opset 12, an input from 13; unk__ dim names
+    "tf_squeeze_axes_attr": ([_N("Squeeze", ["p"], ["f"], axes=[2, 3], name="sq"), *_DENSE], _fc(),
+                             ["unk__12", 3, 8, 8], ["unk__13", 5], 11),
+    "tf_squeeze_axes_input": ([_N("Squeeze", ["p", "axs"], ["f"], name="sq"), *_DENSE],
+                              {"axs": _I64(-1, -2), **_fc()}, ["unk__12", 3, 8, 8], ["unk__13", 5], 13),
+    "squeeze_unsqueeze_attr": ([_N("Squeeze", ["p"], ["f"], axes=[3], name="sq"),
+                                _N("Unsqueeze", ["f"], ["u"], axes=[-1], name="usq"),
+                                _N("Conv", ["u", "w2"], ["y"], name="conv2")],
+                               {"w2": np.random.default_rng(5).normal(0, .3, (4, 8, 1, 1)).astype(np.float32)},
+                               [1, 3, 8, 8], ["a", "b", "c", "d"], 11),
+    "squeeze_unsqueeze_input": ([_N("Squeeze", ["p", "a23"], ["f"], name="sq"),
+                                 _N("Unsqueeze", ["f", "a23"], ["u"], name="usq"),
+                                 _N("Conv", ["u", "w2"], ["y"], name="conv2")],
+                                {"a23": _I64(2, 3),
+                                 "w2": np.random.default_rng(5).normal(0, .3, (4, 8, 1, 1)).astype(np.float32)},
+                                [1, 3, 8, 8], ["a", "b", "c", "d"], 13),
+    # Squeeze without axes drops every size-1 dim, the batch too ([8]); Unsqueeze [0, 2, 3] restores it
+    "squeeze_no_axes": ([_N("Squeeze", ["p"], ["f"], name="sq"), _N("Unsqueeze", ["f", "a023"], ["u"], name="usq"),
+                         _N("Conv", ["u", "w2"], ["y"], name="conv2")],
+                        {"a023": _I64(0, 2, 3),
+                         "w2": np.random.default_rng(5).normal(0, .3, (4, 8, 1, 1)).astype(np.float32)},
+                        [1, 3, 8, 8], ["a", "b", "c", "d"], 13),
+    # tf2onnx Keras Flatten: NCHW -> NHWC Transpose, Reshape [-1, H*W*C], MatMul (the Transpose folds into weights)
+    "tf_keras_flatten": ([_N("Transpose", ["r"], ["t"], perm=[0, 2, 3, 1], name="tr"),
+                          _N("Reshape", ["t", "shp"], ["f"], name="flatten"), *_DENSE],
+                         {"shp": _I64(-1, 512), **_fc(512)}, ["unk__1", 3, 8, 8], [-1, 5], 13),
+}
+
+
+def _ort_shapes_and_output(m, x):
+    """onnxruntime's shape of every tensor the nodes write, and the model output, at input x."""
+    import onnx
+    import onnxruntime as ort
+    m2 = onnx.ModelProto()
+    m2.CopyFrom(m)
+    types = {vi.name: vi.type.tensor_type.elem_type
+             for vi in onnx.shape_inference.infer_shapes(m2).graph.value_info}
+    names = [o for nd in m2.graph.node for o in nd.output if o in types and o != "y"]
+    m2.graph.output.extend(onnx.helper.make_tensor_value_info(n, types[n], None) for n in names)
+    s = ort.InferenceSession(m2.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = s.run(["y"] + names, {"x": x})
+    return dict(zip(["y"] + names, (list(np.shape(v)) for v in outs))), outs[0]
+
+
+@pytest.mark.parametrize("idiom", sorted(EXPORT_IDIOMS))
+def test_export_idioms_resolve_as_onnxruntime(idiom):
+    """Every static shape the front end infers equals onnxruntime's at the given input shape; the prepared float
+    model gives onnxruntime's values; the quantized graph serializes (no negative dimension reaches XIR) and its
+    integer reference equals the golden."""
+    from opendpu.quant.onnx_in import load_onnx, to_fgraph
+    tail, inits, in_dims, out_dims, opset = EXPORT_IDIOMS[idiom]
+    m = _idiom_model(tail, inits, in_dims, out_dims, opset)
+    x = calib(12, seed=9, shape=(3, 8, 8))
+    want_shapes, want = _ort_shapes_and_output(m, x[:1])
+    fg = to_fgraph(load_onnx(m), idiom, [1, 3, 8, 8])
+    compared = [t for t in want_shapes if t in fg.shapes]
+    assert "y" in compared and len(compared) >= 4, (idiom, compared)
+    for t in compared:
+        assert fg.shapes[t] == want_shapes[t], (idiom, t, fg.shapes[t], want_shapes[t])
+    res = quantize(m, x, input_shape=[1, 3, 8, 8])
+    assert res.prep.output_names == ["y"]           # the graph output's own name, also behind an Identity
+    got = res.run(x[:1], "float")[res.prep.outputs[0]]
+    assert list(got.shape) == list(want.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    g = Graph.deserialize(res.xmodel().serialize())
+    gold = res.golden(x[:1])
+    vals = GraphRunner(g, backend="ref").run([x[:1].transpose(0, 2, 3, 1)], keep_values=True).values
+    exact = 0
+    for name, v in gold.items():
+        if name in res.qp.act_fp:           # a fix-point tensor: bit exact; a float CPU op (softmax): float math
+            np.testing.assert_array_equal(vals[name].reshape(v.shape), v, err_msg=f"{idiom}: {name}")
+            exact += 1
+        else:
+            np.testing.assert_allclose(vals[name].reshape(v.shape), v, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert exact >= 2
+
+
+def test_paddle_minus1_dims_taken_from_the_calibration_data(tmp_path, capsys):
+    """`opendpu quantize` without --input-shape on a model whose input is declared [-1, 3, -1, -1] (Paddle2ONNX):
+    the -1 dims are dynamic and come from the calibration data; a -3 stays an error naming the dimension."""
+    import onnx
+    tail, inits, _, out_dims, opset = EXPORT_IDIOMS["paddle_reshape_minus1"]
+    m = _idiom_model(tail, inits, [-1, 3, -1, -1], out_dims, opset)
+    onnx.save(m, tmp_path / "cls.onnx")
+    np.save(tmp_path / "c.npy", calib(8, seed=2, shape=(3, 8, 12)))
+    assert cli(["quantize", str(tmp_path / "cls.onnx"), "--calib", str(tmp_path / "c.npy"),
+                "-o", str(tmp_path / "q")]) == 0
+    assert "input shape ?,3,?,? (NCHW)" in capsys.readouterr().out      # printed with the shape it took: 1,3,8,12
+    assert Graph.load(str(tmp_path / "q" / "cls_int.xmodel")).ops["x"].output.shape == [1, 8, 12, 3]
+    m.graph.input[0].type.tensor_type.shape.dim[2].dim_value = -3
+    onnx.save(m, tmp_path / "bad.onnx")
+    assert cli(["quantize", str(tmp_path / "bad.onnx"), "--calib", str(tmp_path / "c.npy"),
+                "-o", str(tmp_path / "q2")]) == 2
+    err = capsys.readouterr().err
+    assert "dimension 2" in err and "-3" in err
+
+
+@pytest.mark.parametrize("idiom", ["paddle_reshape_minus1", "torch_view_size0", "tf_keras_flatten", "squeeze_no_axes"])
+def test_export_idioms_compile_with_every_mac_on_the_dpu(idiom):
+    """The idioms compile for B4096 with every MAC on the DPU, and the program on the instruction simulator equals
+    the XIR reference."""
+    from opendpu.compiler.pipeline import compile as compile_graph
+    tail, inits, in_dims, out_dims, opset = EXPORT_IDIOMS[idiom]
+    m = _idiom_model(tail, inits, in_dims, out_dims, opset)
+    x = calib(12, seed=9, shape=(3, 8, 8))
+    res = quantize(m, x, target="DPUCZDX8G_ISA1_B4096", input_shape=[1, 3, 8, 8])
+    cr = compile_graph(Graph.deserialize(res.xmodel().serialize()), "DPUCZDX8G_ISA1_B4096", name=idiom)
+    cov = cr.meta["coverage"]
+    assert cov["macs_total"] > 0 and cov["macs_dpu"] == cov["macs_total"]
+    g = Graph.deserialize(cr.graph.serialize())
+    ref = GraphRunner(g, backend="ref").run([x[:1]], layout="nchw").outputs
+    sim = GraphRunner(g, backend="sim").run([x[:1]], layout="nchw").outputs
+    assert ref.keys() == sim.keys() and ref
+    for t, v in ref.items():
+        np.testing.assert_array_equal(sim[t], v, err_msg=t)

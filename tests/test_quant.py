@@ -9,6 +9,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
+from opendpu.compiler.fixpoint import avg_pool_factor
 from opendpu.compiler.xir.graph import Graph
 from opendpu.quant.emit import session
 from opendpu.quant.onnx_in import QuantError
@@ -166,10 +167,14 @@ def test_dpu_constraints(rich):
     fix = {n: op.output.fix_point for n, op in g.ops.items()}
     for op in g.ops.values():
         ins = op.input_ops()
-        if op.type == "concat-fix":
-            assert {fix[i] for i in ins} == {fix[op.name]}
-        if op.type == "pool-fix":
+        if op.type == "concat-fix":       # the minimum; a producer read only by the concat shares it
+            assert all(fix[op.name] <= fix[i] <= fix[op.name] + 15 for i in ins)
+            assert all(fix[i] == fix[op.name] for i in ins if g.consumers(i) == [op.name])
+        if op.type == "pool-fix" and op.attrs["type"] == "MAX":
             assert fix[ins[0]] == fix[op.name]
+        if op.type == "pool-fix" and op.attrs["type"] == "AVG":     # its own; ALU exponent fp_out - fp_in - M <= 7
+            kw, kh = op.attrs["kernel"]
+            assert fix[op.name] - fix[ins[0]] - avg_pool_factor(kh, kw)[1] <= 7
         if op.type in ("conv2d-fix", "depthwise-conv2d-fix", "transposed-conv2d-fix"):
             x, w, b = op.inputs["input"][0], op.inputs["weights"][0], op.inputs["bias"][0]
             sc = fix[x] + fix[w] - fix[op.name]
@@ -365,11 +370,16 @@ def test_bias_correction_and_fast_finetune():
     e_plain = np.abs((plain.run(xe, "dpu", ["conv2"])["conv2"] - f).mean(axis=(0, 2, 3))).mean()
     e_bc = np.abs((bc.run(xe, "dpu", ["conv2"])["conv2"] - f).mean(axis=(0, 2, 3))).mean()
     assert e_bc <= e_plain * 1.05
-    ft = quantize(m, x, config=QuantConfig(fast_finetune=True, finetune_iters=500, seed=1))
+    # align_pool: with the avg pools' own output fix points the PTQ model is already 4 dB closer to float (37.1
+    # vs 32.7 dB) and finetuning this small model no longer helps (it is reverted); the old rule leaves it room.
+    # Likewise CLE (on by default: 34.7 dB instead of 32.7 here, and the finetune is reverted): off for this test
+    ft = quantize(m, x, config=QuantConfig(fast_finetune=True, finetune_iters=500, seed=1, align_pool=True,
+                                           cle=False))
     assert all(r["mse_tuned"] < r["mse_ptq"] for r in ft.finetune_log if r["kept"])
     assert any(r["kept"] for r in ft.finetune_log)
     assert ft.finetune_sqnr["after_db"] >= ft.finetune_sqnr["before_db"] and not ft.finetune_sqnr["reverted"]
-    ft2 = quantize(m, x, config=QuantConfig(fast_finetune=True, finetune_iters=500, seed=1))
+    ft2 = quantize(m, x, config=QuantConfig(fast_finetune=True, finetune_iters=500, seed=1, align_pool=True,
+                                            cle=False))
     assert ft.xmodel().serialize() == ft2.xmodel().serialize()          # seedable, deterministic
     g = ft.golden(x[:1])
     vals = ref_run(ft, x[:1]).values
