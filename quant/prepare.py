@@ -3,8 +3,10 @@
 It folds BatchNorm into the preceding conv / gemm (a lone BN becomes a 1×1 depthwise conv), turns Gemm/MatMul
 into convolutions (a Flatten→Gemm into an H×W conv, as AMD's TransferMatMulToConv2d), fuses conv+act and
 add+ReLU, recognises hard-sigmoid / hard-swish (including `x·clip(x+3,0,6)/6`), folds zero Pad into the next
-conv, maps const add/mul onto conv bias/weights or a depthwise conv, and forces the LeakyReLU slope to 26/256.
-PReLU becomes an ALU prelu (negative slopes: an exact decomposition into DPU ops, `op_PRelu`); a Transpose before
+conv, maps const add/mul onto conv bias/weights or a depthwise conv, and maps LeakyReLU 0.1 to the DPU's 26/256
+(another slope: a one-slope PReLU); HardSigmoid(alpha, 0.5) is the DPU's hard-sigmoid of 6·alpha·x, the factor
+folded into the producer conv (`op_HardSigmoid`). PReLU becomes an ALU prelu (negative slopes: an exact
+decomposition into DPU ops, `op_PRelu`); a Transpose before
 Flatten/Reshape + Gemm/MatMul (PyTorch's permute + view + Linear) folds into the dense weights.
 Ops without a fix-point form, and forms the DPU lacks (a handler raises), stay float on the CPU (`kind == "float"`:
 the ONNX node itself, `cpu_node`) with the reason; Split/Slice of NCHW feature maps become strided slices.
@@ -66,6 +68,11 @@ class Prepared:
     @property
     def input_nodes(self) -> list[QNode]:
         return [n for n in self.nodes if n.kind == "input"]
+
+
+def _dpu_leaky(alpha) -> bool:
+    """The DPU's LeakyReLU slope: 26/256, or 0.1 which vai_q maps to it."""
+    return alpha is not None and (abs(float(alpha) - 0.1) < 1e-6 or abs(float(alpha) - LEAKY_ALPHA) < 1e-9)
 
 
 def _ints(v, n, default):
@@ -168,8 +175,8 @@ class _Prep:
         if c is None or not c.inputs or c.inputs[0] != t:
             return t, "NONE", None, []
         a = self.act_of(c)
-        if a is None or a[0] not in allowed:
-            return t, "NONE", None, []
+        if a is None or a[0] not in allowed or (a[0] == "LEAKYRELU" and not _dpu_leaky(a[1])):
+            return t, "NONE", None, []          # (another leaky slope: its own op, a one-slope PReLU)
         self.mark(c)
         act, alpha = a
         if act == "LEAKYRELU":
@@ -587,7 +594,16 @@ class _Prep:
         self._act_node(node, "RELU", None)
 
     def op_LeakyRelu(self, node: Node) -> None:
-        self._act_node(node, "LEAKYRELU", self.leaky(node, float(node.attrs.get("alpha", 0.01))))
+        """Slope 0.1 (vai_q's convention) or 26/256: the DPU's leaky ReLU (0.1 becomes 26/256, with a note). Any
+        other slope α runs as a one-slope PReLU on the ALU (its slope quantized as PReLU slopes are) rather than
+        being changed to 26/256."""
+        alpha = float(node.attrs.get("alpha", 0.01))
+        if not _dpu_leaky(alpha):
+            self.notes.append(f"{node.name}: LeakyReLU slope {alpha:g} is not the DPU's 26/256: it runs as a "
+                              f"one-slope PReLU")
+            self._prelu(node, self.src(node, node.inputs[0]), np.float32([alpha]))
+            return
+        self._act_node(node, "LEAKYRELU", self.leaky(node, alpha))
 
     def op_Clip(self, node: Node) -> None:
         a = self.act_of(node)
@@ -605,6 +621,10 @@ class _Prep:
         k = self.const(node.inputs[1])
         if k is None:
             raise self.err(node, "the slope is not a constant")
+        self._prelu(node, x, k)
+
+    def _prelu(self, node: Node, x: QNode, k) -> None:
+        """PReLU of x with constant slopes k (op_PRelu; a LeakyReLU of another slope than the DPU's)."""
         rank = len(x.shape)
         C = x.shape[1] if rank >= 2 else 1
         alpha = _per_channel(k, C, rank)
@@ -731,13 +751,40 @@ class _Prep:
                            sources=[m.name, "hard-swish"]), m.outputs[0])
 
     def op_HardSigmoid(self, node: Node) -> None:
+        """HardSigmoid(alpha, beta=0.5) = clip(alpha·x + 0.5, 0, 1) = relu6(6·alpha·x + 3)/6: the DPU's hard-sigmoid
+        of k·x, k = 6·alpha (Paddle's alpha 0.2: k = 1.2). alpha 1/6 (PyTorch's export) is the DPU form as it is;
+        otherwise k folds into the producer's weights and bias (a conv, depthwise conv or dense layer whose output
+        nothing else reads and whose activation, if any, is ReLU) — exact in float. Else the op stays on the CPU."""
         a, b = float(node.attrs.get("alpha", 0.2)), float(node.attrs.get("beta", 0.5))
-        if abs(a - 1 / 6) > 1e-6 or abs(b - 0.5) > 1e-6:
+        if abs(b - 0.5) > 1e-6 or not a > 0:
             raise self.err(node, f"HardSigmoid(alpha={a:g}, beta={b:g}) is not the DPU's hard-sigmoid "
-                                 f"(alpha 1/6, beta 0.5)")
+                                 f"(alpha 1/6, beta 0.5) nor a rescaling of it (beta 0.5, alpha > 0)")
         x = self.src(node, node.inputs[0])
+        if abs(a - 1 / 6) > 1e-6:
+            self._fold_hsig_slope(node, x, 6.0 * a)
         self.add(QNode(node.name, "hsigmoid", [x.name], self.shape(node.outputs[0]), sources=[node.name]),
                  node.outputs[0])
+
+    def _fold_hsig_slope(self, node: Node, x: QNode, k: float) -> None:
+        """Scale producer x (conv / dwconv, or the conv under a dense layer's reshape) by k > 0, when the
+        HardSigmoid `node` is the only reader of everything x stands for; else a QuantError (the op stays float)."""
+        conv = self.byname[x.inputs[0]] if x.kind == "reshape" and x.inputs else x
+        if conv.kind not in ("conv", "dwconv") or conv.act not in ("NONE", "RELU") or conv.weight is None:
+            raise self.err(node, f"HardSigmoid(alpha={k / 6:g}, beta=0.5) is the DPU's hard-sigmoid of {k:g}·x "
+                                 f"only when {k:g} folds into a conv producer ({x.name!r} is a {x.kind})")
+        for q in {conv.name, x.name}:
+            tensors = [t for t, v in self.val.items() if v == q]
+            readers = [c for t in tensors for c in self._cons.get(t, [])]
+            if any(t in self.graph_outputs for t in tensors) or any(c is not node for c in readers) \
+                    or (q == conv.name and conv is not x and self.consumer_names(q) != [x.name]) \
+                    or (q == x.name and self.consumer_names(q)):
+                raise self.err(node, f"HardSigmoid(alpha={k / 6:g}, beta=0.5) is the DPU's hard-sigmoid of {k:g}·x, "
+                                     f"but the producer {conv.name!r} has other consumers (its scale cannot fold)")
+        conv.weight = (conv.weight.astype(np.float64) * k).astype(np.float32)
+        if conv.bias is not None:
+            conv.bias = (conv.bias.astype(np.float64) * k).astype(np.float32)
+        self.notes.append(f"{node.name}: HardSigmoid(alpha={k / 6:g}, beta=0.5) = hard-sigmoid({k:g}·x); {k:g} folded "
+                          f"into {conv.name!r}'s weights and bias")
 
     def op_HardSwish(self, node: Node) -> None:
         x = self.src(node, node.inputs[0])

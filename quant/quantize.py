@@ -616,6 +616,12 @@ class QuantResult:
         lines.append(f"ops: {len(self.prep.nodes)}  DPU: {len(self.prep.nodes) - len(cpu)}  CPU: {len(cpu)}")
         for n in cpu:
             lines.append(f"  CPU  {n.name} ({n.kind}): {n.reason}")
+        for tag, what in (("REPLACE_SIGMOID", "sigmoid -> hard-sigmoid (--replace-sigmoid)"),
+                          ("REPLACE_SILU", "SiLU -> hard-swish (--replace-silu)")):
+            names = [m.split(": ")[1] for m in self.notes if f"[QUANTIZER_TORCH_{tag}]: " in m]
+            if names:                   # approximations: their cost shows in the SQNR of these layers below
+                lines.append(f"replaced {what}, an approximation (see their SQNR below): {len(names)} op(s): "
+                             + ", ".join(names))
         if self.adjustments:
             lines.append("")
             lines.append("fix-point adjustments (DPU constraints):")

@@ -1094,6 +1094,7 @@ def cmd_build(a) -> int:
     q = _verb_args(["quantize", a.model, "--calib", a.calib, "--target", a.target, "-o", "quantized",
                     "--seed", str(a.seed)] + (["--method", a.method] if a.method else [])
                    + (["--input-shape", ",".join(map(str, a.input_shape))] if a.input_shape else [])
+                   + (["--replace-sigmoid"] if a.replace_sigmoid else [])
                    + (["--replace-silu", a.replace_silu] if a.replace_silu else [])
                    + (["--fast-finetune"] if a.fast_finetune else [])
                    + (["--bias-corr"] if a.bias_corr else [])
@@ -1547,6 +1548,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                                            "file stem)")
     b.add_argument("--options", metavar="JSON", help="vai_c options for the compile step")
     b.add_argument("--method", help="activation calibration method (as for quantize; default: quantize's)")
+    b.add_argument("--replace-sigmoid", action="store_true", help="as for quantize: sigmoid -> hard-sigmoid on the "
+                                                                  "DPU (an approximation; off by default)")
     b.add_argument("--replace-silu", choices=("hardswish",), help="as for quantize: SiLU -> hard-swish on the DPU")
     b.add_argument("--fast-finetune", action="store_true", help="as for quantize")
     b.add_argument("--bias-corr", action="store_true", help="as for quantize: bias correction")

@@ -55,7 +55,7 @@ def _cpu_ops(build) -> dict[str, str]:
     return {c["name"]: c["reason"] for c in meta["coverage"]["cpu_ops"]}
 
 
-# ---- a Paddle-style export: dynamic H and W, an SE gate with HardSigmoid(alpha=0.2, beta=0.5) -------------------
+# ---- a Paddle-style export: dynamic H and W, an SE gate with HardSigmoid(alpha=0.2, beta=0.5) on the DPU --------
 
 def paddle_style_digits() -> onnx.ModelProto:
     """The trained digits CNN with dynamic H/W and an SE block gated by Paddle's HardSigmoid(0.2, 0.5) after its
@@ -92,12 +92,110 @@ def test_paddle_style_dynamic_hw_and_hardsigmoid(tmp_path, capsys):
     out = _build(tmp_path, p, "--input-shape", "1,1,8,8")
     text = capsys.readouterr().out
     assert "0 mismatching" in text and "FAIL" not in text
-    cpu = _cpu_ops(out)
-    gate = [r for n, r in cpu.items() if "se_hsig" in n]
-    assert gate and "HardSigmoid(alpha=0.2, beta=0.5)" in gate[0], cpu
+    assert _cpu_ops(out) == {}          # the gate's 1.2 folds into se_fc: hard-sigmoid on the DPU
+    from opendpu.compiler.xir.graph import Graph
+    g = Graph.load(str(out / "quantized" / "paddle_int.xmodel"))
+    assert "hard-sigmoid-fix" in {o.type for o in g.ops.values()}
     res = compare(str(p), str(out), str(tmp_path / "test.npz"), task="classify")
     assert res["metric"]["top1_agreement"] >= 0.95, res["metric"]
     assert len(x) == res["samples"]
+
+
+def _se_gate_model(tmp_path, alpha: float, shared: bool = False) -> str:
+    """Conv -> ReLU -> Conv (se_fc) -> HardSigmoid(alpha, 0.5) -> Mul with the ReLU's output: a squeeze-excite
+    gate at 8x8. `shared`: se_fc's output is also added to the product (so its scale cannot fold)."""
+    rng = np.random.default_rng(11)
+    w1 = rng.normal(0, 0.4, (8, 3, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (8, 8, 1, 1)).astype(np.float32)
+    b2 = rng.normal(0, 0.5, 8).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["fc"], name="se_fc"),
+             helper.make_node("HardSigmoid", ["fc"], ["gate"], name="se_hsig", alpha=alpha, beta=0.5),
+             helper.make_node("Mul", ["r1", "gate"], ["y" if not shared else "m"], name="se_mul")]
+    if shared:
+        nodes.append(helper.make_node("Add", ["m", "fc"], ["y"], name="add"))
+    return _save_model(tmp_path / "se.onnx", nodes, [1, 3, 8, 8], [1, 8, 8, 8], {"w1": w1, "w2": w2, "b2": b2})
+
+
+def _ort(path, x):
+    import onnxruntime as ort
+    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return np.concatenate([s.run(None, {"x": x[i:i + 1]})[0] for i in range(len(x))])
+
+
+@pytest.mark.parametrize("alpha", [0.2, 1 / 6, 0.125])
+def test_hardsigmoid_slope_folds_into_the_producer(tmp_path, capsys, alpha):
+    """HardSigmoid(alpha, 0.5) = the DPU's hard-sigmoid of 6·alpha·x (Paddle's and ONNX's default 0.2: 1.2·x;
+    PyTorch's 1/6: as it is): the factor folds into se_fc, the whole SE gate runs on the DPU, the prepared float
+    graph equals onnxruntime and INT8 is close to it; sim == ref (build's check)."""
+    from opendpu.quant.quantize import QuantConfig, quantize
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-1, 1, (48, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "calib.npy", x[:32])
+    np.save(tmp_path / "eval.npy", x[32:])
+    p = _se_gate_model(tmp_path, alpha)
+    res = quantize(onnx.load(p), x[:32], config=QuantConfig(cle=False))
+    assert [n.kind for n in res.prep.nodes].count("hsigmoid") == 1
+    got = res.run(x[32:], "float")[res.prep.outputs[0]]
+    np.testing.assert_allclose(got.reshape(16, 8, 8, 8), _ort(p, x[32:]), rtol=1e-5, atol=1e-5)
+    out = _build(tmp_path, p, "--input-shape", "1,3,8,8")
+    text = capsys.readouterr().out
+    assert "0 mismatching" in text and "FAIL" not in text
+    assert _cpu_ops(out) == {}
+    from opendpu.compiler.xir.graph import Graph
+    types = {o.type for o in Graph.load(str(out / "quantized" / "se_int.xmodel")).ops.values()}
+    assert "hard-sigmoid-fix" in types and "hard-sigmoid" not in types, types
+    r = compare(str(p), str(out), str(tmp_path / "eval.npy"), task="raw")
+    assert r["outputs"][0]["sqnr_db"] > 25, r["outputs"]
+
+
+def test_hardsigmoid_slope_does_not_fold_into_a_shared_producer(tmp_path, capsys):
+    """se_fc's output is also read by an Add: scaling it would change the Add, so the gate stays on the CPU,
+    with the reason, and the build still matches float."""
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-1, 1, (48, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "calib.npy", x[:32])
+    np.save(tmp_path / "eval.npy", x[32:])
+    p = _se_gate_model(tmp_path, 0.2, shared=True)
+    out = _build(tmp_path, p, "--input-shape", "1,3,8,8")
+    assert "0 mismatching" in capsys.readouterr().out
+    cpu = _cpu_ops(out)
+    assert "se_hsig" in cpu and "other consumers" in cpu["se_hsig"], cpu
+    r = compare(str(p), str(out), str(tmp_path / "eval.npy"), task="raw")
+    assert r["outputs"][0]["sqnr_db"] > 20, r["outputs"]
+
+
+@pytest.mark.parametrize("alpha", [0.2, 0.25])
+def test_leaky_relu_of_another_slope_runs_as_prelu(tmp_path, capsys, alpha):
+    """LeakyReLU(alpha) with alpha neither 0.1 nor 26/256 is a one-slope PReLU on the DPU's ALU, not silently
+    changed to 26/256: the prepared float graph equals onnxruntime, INT8 is close to it, sim == ref."""
+    from opendpu.quant.quantize import QuantConfig, quantize
+    rng = np.random.default_rng(6)
+    w1 = rng.normal(0, 0.4, (8, 3, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (4, 8, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("LeakyRelu", ["c1"], ["l1"], name="leaky", alpha=alpha),
+             helper.make_node("Conv", ["l1", "w2"], ["y"], name="conv2")]
+    p = _save_model(tmp_path / "lk.onnx", nodes, [1, 3, 8, 8], [1, 4, 8, 8], {"w1": w1, "w2": w2})
+    x = rng.uniform(-1, 1, (48, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "calib.npy", x[:32])
+    np.save(tmp_path / "eval.npy", x[32:])
+    res = quantize(onnx.load(p), x[:32], config=QuantConfig(cle=False))
+    assert [n.kind for n in res.prep.nodes] == ["input", "conv", "prelu", "conv"]
+    assert not any("QUANTIZER_TORCH_LEAKYRELU" in m for m in res.prep.notes), res.prep.notes
+    assert any("one-slope PReLU" in m for m in res.prep.notes), res.prep.notes
+    got = res.run(x[32:], "float")[res.prep.outputs[0]]
+    np.testing.assert_allclose(got.reshape(16, 4, 8, 8), _ort(p, x[32:]), rtol=1e-5, atol=1e-5)
+    out = _build(tmp_path, p, "--input-shape", "1,3,8,8")
+    assert "0 mismatching" in capsys.readouterr().out
+    assert _cpu_ops(out) == {}
+    from opendpu.compiler.xir.graph import Graph
+    elew = [o.attrs.get("type") for o in Graph.load(str(out / "quantized" / "lk_int.xmodel")).ops.values()
+            if o.type == "eltwise-fix"]
+    assert elew == ["PRELU"], elew                  # the ALU's prelu, not its LEAKY-RELU (26/256)
+    r = compare(str(p), str(out), str(tmp_path / "eval.npy"), task="raw")
+    assert r["outputs"][0]["sqnr_db"] > 25, r["outputs"]
 
 
 def test_dynamic_input_without_shape_names_the_option(tmp_path, capsys):
@@ -204,6 +302,37 @@ def test_replace_silu_is_explicit(tmp_path):
     t2 = {o.type for o in Graph.load(str(q2 / "silu_int.xmodel")).ops.values()}
     assert "sigmoid" in t1 and "hard-sigmoid-fix" not in t1
     assert "hard-sigmoid-fix" in t2 and "sigmoid" not in t2
+
+
+def test_replace_sigmoid_on_build(tmp_path, capsys):
+    """A sigmoid gate stays on the CPU by default; `build --replace-sigmoid` puts it on the DPU as hard-sigmoid
+    (an approximation), the quantize report names the replaced op, and INT8 stays near float."""
+    rng = np.random.default_rng(8)
+    w = rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (8, 8, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Conv", ["c", "w2"], ["g"], name="gate_fc"),
+             helper.make_node("Sigmoid", ["g"], ["s"], name="sig"),
+             helper.make_node("Mul", ["c", "s"], ["y"], name="gate")]
+    p = _save_model(tmp_path / "sg.onnx", nodes, [1, 3, 8, 8], [1, 8, 8, 8], {"w": w, "w2": w2})
+    x = rng.uniform(-1, 1, (48, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "calib.npy", x[:32])
+    np.save(tmp_path / "eval.npy", x[32:])
+    out = _build(tmp_path, p, "--input-shape", "1,3,8,8")
+    assert "sig" in _cpu_ops(out)
+    rep = open(out / "quantized" / "report.txt").read()
+    assert "replaced sigmoid" not in rep
+    out2 = tmp_path / "build2"
+    assert cli(["build", str(p), "--calib", str(tmp_path / "calib.npy"), "--target", B512, "-o", str(out2),
+                "--replace-sigmoid"]) == 0
+    assert "0 mismatching" in capsys.readouterr().out
+    assert _cpu_ops(out2) == {}
+    rep = open(out2 / "quantized" / "report.txt").read()
+    assert "replaced sigmoid -> hard-sigmoid (--replace-sigmoid), an approximation (see their SQNR below): " \
+           "1 op(s): sig" in rep, rep
+    r1 = compare(str(p), str(out), str(tmp_path / "eval.npy"), task="raw")["outputs"][0]["sqnr_db"]
+    r2 = compare(str(p), str(out2), str(tmp_path / "eval.npy"), task="raw")["outputs"][0]["sqnr_db"]
+    assert r2 > 10 and r2 < r1, (r1, r2)          # hard-sigmoid is close to sigmoid, but not equal
 
 
 # ---- NudeNet 320n (YOLOv8n) from the pinned wheel ---------------------------------------------------------------
