@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-from bench_timing import _median  # noqa: E402  (the one median-of-reps timer of the benchmarks)
+from bench_timing import MODELS, _median  # noqa: E402  (the shared model list and median-of-reps timer)
 
 
 def _row(what: str, seconds: float, goal: float | None, note: str = "") -> None:
@@ -51,8 +51,7 @@ def bench_check(models: str, reps: int) -> None:
     from opendpu.compiler.xir.graph import Graph
     from opendpu.isa.check import check_program
     from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
-    names = ("dpu_mnist_classifier", "tf2_custom_op", "pointpillars_custom_op", "yolox_nano_b4096", "yolox_nano_b512")
-    for name in names:
+    for name in MODELS:
         path = os.path.join(models, name + ".xmodel")
         if not os.path.isfile(path):
             print(f"check_program {name}: not found at {path}")
