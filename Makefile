@@ -4,7 +4,7 @@ SHARED  ?= ../shared
 MODELS  := $(SHARED)/models
 export AMARANTH_USE_YOSYS ?= builtin
 
-.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-ocr bench-compile bench-recompile bench-calibration bench-resources bench-sweep proto clean synth bench-synth
+.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-ocr bench-accuracy bench-compile bench-recompile bench-calibration bench-resources bench-sweep proto clean synth bench-synth
 
 all: test
 
@@ -54,6 +54,13 @@ bench-quant: venv
 # PP-OCRv4 det / PP-OCR cls (rapidocr wheel) on rendered text: INT8 vs float, coverage, quantize time and memory.
 bench-ocr: venv
 	$(PY) benchmarks/bench_ocr.py
+
+# Float vs INT8 per model (PP-OCRv4 det, PP-OCR cls, CLE-sensitive zoo MobileNet v1/v2, NudeNet 320n) and per
+# quantizer configuration (default, --no-cle, align_pool, bias_corr, fast_finetune); slow (BENCH_ACC_ARGS to select).
+BENCH_ACC_ARGS ?=
+bench-accuracy: venv
+	@mkdir -p build
+	$(PY) benchmarks/bench_accuracy.py --json build/bench_accuracy.json $(BENCH_ACC_ARGS)
 
 # Compiled zoo models: compile time, DPU cycles / latency / fps / MAC utilisation per preset, sim vs onnxruntime int8.
 bench-compile: venv

@@ -6,9 +6,9 @@ For each model: the float model in onnxruntime; `quantize` + `compile` for the t
 (library calls); the compiled model on the `ref` backend for every evaluation sample, and on `sim` for a few,
 which must equal `ref` bit for bit. Prints one block per model:
 
-* det — 320×640 pages, calibrated on `--det-calib` pages (16), measured on `--det-eval` others (8): the mean IoU
-  of the binarised text map (probability > 0.3) of INT8 against float, the % of pixels marked text by each, the
-  largest INT8 probability and the output SQNR;
+* det — 320×640 pages (`--det-hw`), calibrated on `--det-calib` pages (16), measured on `--det-eval` others (8):
+  the mean IoU of the binarised text map (probability > 0.3) of INT8 against float, the % of pixels marked text by
+  each, the largest INT8 probability and the output SQNR;
 * cls — 3×48×192 strips (half rotated 180°), calibrated on `--cls-calib` strips (64), measured on `--cls-eval`
   others (40): top-1 agreement of INT8 with float, and each one's accuracy against the true direction;
 
@@ -41,7 +41,7 @@ DET_THRESH = 0.3                    # rapidocr config.yaml Det.thresh: the text 
 def _parse_set(items) -> dict:
     from opendpu.quant.quantize import QuantConfig
     fields = {f.name: f for f in dataclasses.fields(QuantConfig)}
-    out = {}
+    out: dict = {}
     for it in items or ():
         k, _, v = it.partition("=")
         if k not in fields:
@@ -101,6 +101,7 @@ def build(model: str, calib: np.ndarray, target: str, cfg, input_shape, out_dir:
     cr.write(os.path.join(out_dir, "compiled"))
     cov = cr.meta["coverage"]
     return {"quantize_s": t_quant, "compile_s": t_comp, "peak_rss_quantize_mb": rss_quant,
+            "finetune_sqnr": getattr(res, "finetune_sqnr", None),       # fast finetune: before/after dB, reverted
             "coverage": format_coverage(cov, target_label(get_target(target))),
             "macs_dpu_pct": cov.get("macs_dpu_pct"), "cpu_ops": [c["name"] for c in cov.get("cpu_ops", [])]}
 
@@ -129,24 +130,40 @@ def sqnr(ref, test) -> float:
     return sqnr_db(ref, test)
 
 
+def text_map_iou(fl: np.ndarray, q: np.ndarray, thresh: float = DET_THRESH) -> np.ndarray:
+    """Per sample: the IoU of the binarised text maps (p > thresh) of float `fl` and INT8 `q` ([n, 1, H, W]); 1 when
+    neither marks a pixel."""
+    bf, bq = fl > thresh, q > thresh
+    inter = (bf & bq).sum(axis=tuple(range(1, bf.ndim)))
+    union = (bf | bq).sum(axis=tuple(range(1, bf.ndim)))
+    return np.where(union > 0, inter / np.maximum(union, 1), 1.0)
+
+
+def _model(name: str) -> str:
+    p = ocr_data.model_path(name)
+    if p is None:
+        raise SystemExit(f"bench_ocr: {name} not found: pip install --no-deps rapidocr-onnxruntime==1.4.4 "
+                         f"(requirements-models.txt)")
+    return p
+
+
 def bench_det(a, cfg, tmp) -> dict:
-    model = ocr_data.model_path(ocr_data.DET_MODEL)
-    xc = ocr_data.text_pages(a.det_calib, seed=a.seed + 1000)
-    xe = ocr_data.text_pages(a.det_eval, seed=a.seed + 2000)
-    row = build(model, xc, a.target, cfg, [1, 3, *ocr_data.PAGE_HW], tmp)
+    model = _model(ocr_data.DET_MODEL)
+    hw = tuple(a.det_hw)
+    xc = ocr_data.text_pages(a.det_calib, seed=a.seed + 1000, hw=hw)
+    xe = ocr_data.text_pages(a.det_eval, seed=a.seed + 2000, hw=hw)
+    row = build(model, xc, a.target, cfg, [1, 3, *hw], tmp)
     fl, q, same = run_compiled(model, tmp, xe, a.sim)
     bf, bq = fl > DET_THRESH, q > DET_THRESH
-    inter = (bf & bq).sum(axis=(1, 2, 3))
-    union = (bf | bq).sum(axis=(1, 2, 3))
-    iou = np.where(union > 0, inter / np.maximum(union, 1), 1.0)
-    row.update(model="det", samples=len(xe), iou_mean=float(iou.mean()), iou_min=float(iou.min()),
+    iou = text_map_iou(fl, q)
+    row.update(model="det", samples=len(xe), hw=list(hw), iou_mean=float(iou.mean()), iou_min=float(iou.min()),
                text_pct_float=float(bf.mean() * 100), text_pct_int8=float(bq.mean() * 100),
                max_prob_int8=float(q.max()), output_sqnr_db=sqnr(fl, q), sim_equals_ref=same)
     return row
 
 
 def bench_cls(a, cfg, tmp) -> dict:
-    model = ocr_data.model_path(ocr_data.CLS_MODEL)
+    model = _model(ocr_data.CLS_MODEL)
     xc, _ = ocr_data.text_strips(a.cls_calib, seed=a.seed + 1000)
     xe, ye = ocr_data.text_strips(a.cls_eval, seed=a.seed + 2000)
     row = build(model, xc, a.target, cfg, [1, *ocr_data.STRIP_CHW], tmp)
@@ -159,7 +176,8 @@ def bench_cls(a, cfg, tmp) -> dict:
 
 
 def show(row: dict) -> None:
-    print(f"== {row['model']} ({row['samples']} samples)")
+    hw = f", {row['hw'][0]}x{row['hw'][1]}" if "hw" in row else ""
+    print(f"== {row['model']} ({row['samples']} samples{hw})")
     if row["model"] == "det":
         print(f"  mean IoU of the text map (p > {DET_THRESH}) INT8 vs float: {row['iou_mean']:.3f} "
               f"(min {row['iou_min']:.3f})")
@@ -169,6 +187,10 @@ def show(row: dict) -> None:
         print(f"  top-1 agreement INT8 vs float: {row['top1_agreement_pct']:.1f} %  (accuracy: float "
               f"{row['float_accuracy_pct']:.1f} %, INT8 {row['int8_accuracy_pct']:.1f} %)")
     print(f"  output SQNR {row['output_sqnr_db']:.2f} dB; sim == ref: {row['sim_equals_ref']}")
+    ft = row.get("finetune_sqnr")
+    if ft:
+        print(f"  fast finetune: output SQNR on the tuning samples {ft['before_db']:.2f} -> {ft['after_db']:.2f} dB"
+              + (" (reverted to the untuned model)" if ft.get("reverted") else ""))
     print(f"  {row['coverage']}")
     kinds: dict[str, int] = {}
     for n in row["cpu_ops"]:
@@ -180,7 +202,13 @@ def show(row: dict) -> None:
           f"{row['peak_rss_quantize_mb']:.0f} MB (after quantize)", flush=True)
 
 
-def main(argv=None) -> int:
+def _hw(s: str) -> tuple[int, int]:
+    h, _, w = s.lower().partition("x")
+    return int(h), int(w)
+
+
+def parser() -> argparse.ArgumentParser:
+    """bench_ocr's options (benchmarks/bench_accuracy.py builds its runs from them)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=("det", "cls", "both"), default="both")
     ap.add_argument("--target", default="DPUCZDX8G_ISA1_B4096")
@@ -190,6 +218,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-cle", action="store_true", help="cross-layer equalization off")
     ap.add_argument("--exclude-nodes", metavar="NAME[,NAME]", help="ONNX nodes kept float on the CPU")
     ap.add_argument("--set", action="append", metavar="FIELD=VALUE", help="any other QuantConfig field")
+    ap.add_argument("--det-hw", type=_hw, default=ocr_data.PAGE_HW, metavar="HxW",
+                    help="det page size (multiples of 32; default 320x640)")
     ap.add_argument("--det-calib", type=int, default=16)
     ap.add_argument("--det-eval", type=int, default=8)
     ap.add_argument("--cls-calib", type=int, default=64)
@@ -197,7 +227,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sim", type=int, default=2, help="samples also run on the sim backend (0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the rows here")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
     cfg = quant_config(a)
     for name in (ocr_data.DET_MODEL, ocr_data.CLS_MODEL):
         if ocr_data.model_path(name) is None:

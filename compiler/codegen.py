@@ -2128,6 +2128,21 @@ def _generate(graph: Graph, op_names: list[str], target: Target, name: str, chan
     return prog, contested
 
 
+def _one_row_stride(t: Target, win: Window, depth: int) -> Window:
+    """A window with one output row (a global pool) reads the same input rows whatever its stride_h, but the
+    stride decides the bank layout of those rows (spec §6.4: slot q // stride_h, sub-row q % stride_h): at the
+    op's own stride (= kernel_h) every row is a sub-row of slot 0 in one bank, kernel_h·cols lines of a single
+    bank. stride_h = ceil(kernel_h / PP) spreads the rows over the PP banks, ceil(kernel_h / PP)·cols lines each
+    (the UG1414 pool limit `compiler.rules` checks), within one gathering pass. The result is the same sum of the
+    same window (docs/compiler.md, "Global pools"). The op's own stride is kept whenever one channel group of its
+    rows fits the image banks, so the programs of pools that always fitted (AMD's 7x7 global pools) are unchanged."""
+    if win.ho != 1 or win.sh <= _ceil(win.kh, t.pp):
+        return win
+    if _in_lines(t, _tile(win, 0, 1, 0, win.wo), win.sh, 1)[1] <= depth:
+        return win
+    return replace(win, sh=_ceil(win.kh, t.pp))
+
+
 def _pool_cascade(op: Op, win: Window, x: FMap, mode: int, d: int) -> list[int]:
     """The kernel sizes of a cascade of stride-1 max pools equal to a k x k stride-1 max pool with padding
     (k-1)/2 on every side (the SPP pools): 5x5 stages, then a 3x3 one (k = 1 + 4a + 2b); [] when the pool is not of
@@ -2257,6 +2272,7 @@ def _lower(c: _Ctx, graph: Graph, op: Op, kind: str, fm: dict[str, FMap], out: F
             sw, sh = _pairs(op, "stride", [kw_, kh_])
             pl, pr, pt, pb = _pads(op)
             win = Window(kh_, kw_, sh, sw, pt, pl, out.h, out.w)
+        win = _one_row_stride(t, win, c.depth)
         d = fp_out - x.fp
         try:
             if ptype == "MAX":

@@ -16,14 +16,16 @@ Options are vai_c_xir's `--options` keys (UG1414 Table 31): `input_shape` ("1,22
 NHWC or in the NCHW of the ONNX model it was quantized from, and the compile log says which was read),
 `output_ops` ("op0,op1": the graph outputs; everything that does not feed them is dropped), `prefetch` and `hd_opt`
 (accepted and recorded; they change no instruction), `plugins` (refused: compiler plugins are C++ libraries).
-Eight opendpu keys switch optimisations off (all default true; docs/compiler.md): `channel_augmentation` (fold kw into
+Nine opendpu keys switch optimisations off (all default true; docs/compiler.md): `channel_augmentation` (fold kw into
 the LOAD items of convs with few input channels), `fuse` (a producer and its only ALU consumer in one superlayer,
 the intermediate kept on chip), `exact_tokens` (a waiter waits on the instruction it conflicts with, not on the
 producer engine's latest one), `pipeline` (software-pipelined strip order: the next strip's LOADs and the previous
 strip's SAVEs interleaved with the current strip's compute), `prefetch_layers` (a layer's opening LOADs in the
 previous layer's tail), `pool_cascade` (a large stride-1 max pool as 5x5 / 3x3 stages) and `downsample_bp` (a
-tensor read only by strided 1x1 convs is computed only at the pixels they read), and `fuse_conv` (a producer fused
-with its only CONV consumer). Any other key is an error that names it and the known ones.
+tensor read only by strided 1x1 convs is computed only at the pixels they read), `fuse_conv` (a producer fused
+with its only CONV consumer), and `pool_split` (a single-output average pool too large for the image banks as two
+passes; not bit-exact to the one-pass op, the deviation stated in the log). Any other key is an error that names
+it and the known ones.
 """
 from __future__ import annotations
 
@@ -46,7 +48,8 @@ class CompileError(OpenDpuError, ValueError):
 
 
 KNOWN_OPTIONS = ("input_shape", "output_ops", "prefetch", "hd_opt", "plugins", "channel_augmentation", "fuse",
-                 "exact_tokens", "pipeline", "prefetch_layers", "fuse_conv", "pool_cascade", "downsample_bp")
+                 "exact_tokens", "pipeline", "prefetch_layers", "fuse_conv", "pool_cascade", "downsample_bp",
+                 "pool_split")
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -110,7 +113,7 @@ def check_options(options: dict) -> dict:
         elif k == "output_ops":
             out[k] = _op_list(v)
         elif k in ("prefetch", "hd_opt", "channel_augmentation", "fuse", "exact_tokens", "pipeline",
-                   "prefetch_layers", "fuse_conv", "pool_cascade", "downsample_bp"):
+                   "prefetch_layers", "fuse_conv", "pool_cascade", "downsample_bp", "pool_split"):
             out[k] = _bool_option(k, v)
         elif k == "plugins":
             if v not in ("", None, []):
@@ -366,6 +369,24 @@ def p_downsample_bp(ctx: CompileContext) -> CompileContext:
     return ctx
 
 
+def p_pool_split(ctx: CompileContext) -> CompileContext:
+    """Single-output average pools too large for the image banks as two passes (compiler.poolsplit)."""
+    from opendpu.compiler.downsample import clone
+    from opendpu.compiler.poolsplit import split_pools
+    assert ctx.graph is not None
+    if not ctx.options.get("pool_split", True):
+        ctx.summary = "off (option pool_split)"
+        return ctx
+    g = clone(ctx.graph)
+    lines = split_pools(g, ctx.target)
+    if lines:
+        ctx.graph = g
+    for line in lines:
+        ctx.say(f"pool_split: {line}")
+    ctx.summary = f"{len(lines)} average pool(s) in two passes" if lines else "nothing to do"
+    return ctx
+
+
 def p_partition(ctx: CompileContext) -> CompileContext:
     """compiler.rules + the code generator's refusals: USER, DPU and CPU subgraphs without cycles."""
     assert ctx.graph is not None
@@ -413,6 +434,8 @@ PASSES: list[Pass] = [
     Pass("apply_options", p_apply_options, "input_shape checked; output_ops: ops not feeding them dropped"),
     Pass("downsample_bp", p_downsample_bp, "ops read only by strided 1x1 convs computed at that stride "
          "(compiler.downsample)"),
+    Pass("pool_split", p_pool_split, "single-output average pools too large for the banks in two passes "
+         "(compiler.poolsplit)"),
     Pass("partition", p_partition, "USER / DPU / CPU subgraphs (compiler.rules, codegen refusals), no cycles"),
     Pass("codegen", p_codegen, "one DpuProgram per DPU subgraph (compiler.codegen.generate)"),
     Pass("emit", p_emit, "the compiled xmodel, <net>_org.xmodel and meta.json (compiler.emit)"),
@@ -532,5 +555,6 @@ def compile(graph: Graph, target: "Target | str", *, name: str | None = None, re
                          out_dumps, ctx.org_bytes)
 
 
-__all__ = ["compile", "CompileResult", "CompileContext", "CompileError", "Pass", "PASSES", "PASS_NAMES",
-           "KNOWN_OPTIONS", "check_options", "parse_options", "check_dump_after", "check_name", "check_graph"]
+__all__ = ["compile", "CompileResult", "CompileContext", "CompileError", "Pass", "PASSES",
+           "PASS_NAMES", "KNOWN_OPTIONS", "check_options", "parse_options", "check_dump_after", "check_name",
+           "check_graph"]

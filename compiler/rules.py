@@ -103,6 +103,7 @@ from fractions import Fraction
 
 from opendpu.compiler.fixpoint import (LEAKY_ALPHA, MULTI_FACTOR_MAX, PRELU_SHIFT_MAX, avg_pool_factor,
                                        slope_encoding, slope_fits_alu)
+from opendpu.compiler import poolsplit
 from opendpu.isa.fields import FIELDS
 from opendpu.isa.target import ALU_TYPES, Target
 
@@ -583,6 +584,14 @@ def _pool(op: OpDesc, t: Target) -> Placement:
               "use count_include_pad=True, or remove the padding")
     _check_pads(what, pads, kw, kh, 1, 1, ALU_PAD_LT_MAX, ALU_PAD_RB_MAX)         # §3.4 pad_limit
     lines = -(-kh // t.pp) * kw                                                  # UG1414 pool kernel
+    one_out = glob or (x is not None and (kh, kw) == (x[1], x[2]) and not any(pads))
+    if kind == "AVG" and one_out and not poolsplit.fits(kh, kw, t.pp, t.bank_depth):
+        sp = poolsplit.plan(kh, kw, t.pp, t.bank_depth)                         # compiler.poolsplit
+        if sp is not None:
+            _check_channels(what, x[3] if x else None, ALU_CG_MAX, t)
+            return _dpu("alu", f"ALU {ALU_TYPES[2]} (exec_mode 2) in two passes: {sp.c}x{sp.a} stride {sp.c}x{sp.a}, "
+                               f"then {sp.d}x{sp.b} global (window ceil({kh}/PP={t.pp})*{kw} = {lines} lines > "
+                               f"bank_depth {t.bank_depth}; not bit-exact to one pass, compiler.poolsplit)")
     _need(lines <= t.bank_depth, f"{what} window ceil({kh}/PP={t.pp})*{kw} = {lines} > bank_depth "
                                  f"{t.bank_depth}", "use a smaller pooling window")
     if not glob:

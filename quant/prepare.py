@@ -5,8 +5,8 @@ into convolutions (a Flatten→Gemm into an H×W conv, as AMD's TransferMatMulTo
 add+ReLU, recognises hard-sigmoid / hard-swish (including `x·clip(x+3,0,6)/6`), folds zero Pad into the next
 conv, maps const add/mul onto conv bias/weights or a depthwise conv, and maps LeakyReLU 0.1 to the DPU's 26/256
 (another slope: a one-slope PReLU); HardSigmoid(alpha, 0.5) is the DPU's hard-sigmoid of 6·alpha·x, the factor
-folded into the producer conv (`op_HardSigmoid`). PReLU becomes an ALU prelu (negative slopes: an exact
-decomposition into DPU ops, `op_PRelu`); a Transpose before
+folded into the producer conv, or into a scaled copy of it when the conv has other readers (`op_HardSigmoid`).
+PReLU becomes an ALU prelu (negative slopes: an exact decomposition into DPU ops, `op_PRelu`); a Transpose before
 Flatten/Reshape + Gemm/MatMul (PyTorch's permute + view + Linear) folds into the dense weights.
 Ops without a fix-point form, and forms the DPU lacks (a handler raises), stay float on the CPU (`kind == "float"`:
 the ONNX node itself, `cpu_node`) with the reason; Split/Slice of NCHW feature maps become strided slices.
@@ -753,38 +753,64 @@ class _Prep:
     def op_HardSigmoid(self, node: Node) -> None:
         """HardSigmoid(alpha, beta=0.5) = clip(alpha·x + 0.5, 0, 1) = relu6(6·alpha·x + 3)/6: the DPU's hard-sigmoid
         of k·x, k = 6·alpha (Paddle's alpha 0.2: k = 1.2). alpha 1/6 (PyTorch's export) is the DPU form as it is;
-        otherwise k folds into the producer's weights and bias (a conv, depthwise conv or dense layer whose output
-        nothing else reads and whose activation, if any, is ReLU) — exact in float. Else the op stays on the CPU."""
+        otherwise k folds into the producer's weights and bias (a conv, depthwise conv or dense layer whose
+        activation, if any, is ReLU) — exact in float. When the producer has other readers, the hard-sigmoid reads
+        a scaled copy of it instead (`_scaled_copy`). Else the op stays on the CPU."""
         a, b = float(node.attrs.get("alpha", 0.2)), float(node.attrs.get("beta", 0.5))
         if abs(b - 0.5) > 1e-6 or not a > 0:
             raise self.err(node, f"HardSigmoid(alpha={a:g}, beta={b:g}) is not the DPU's hard-sigmoid "
                                  f"(alpha 1/6, beta 0.5) nor a rescaling of it (beta 0.5, alpha > 0)")
         x = self.src(node, node.inputs[0])
         if abs(a - 1 / 6) > 1e-6:
-            self._fold_hsig_slope(node, x, 6.0 * a)
+            x = self._fold_hsig_slope(node, x, 6.0 * a)
         self.add(QNode(node.name, "hsigmoid", [x.name], self.shape(node.outputs[0]), sources=[node.name]),
                  node.outputs[0])
 
-    def _fold_hsig_slope(self, node: Node, x: QNode, k: float) -> None:
-        """Scale producer x (conv / dwconv, or the conv under a dense layer's reshape) by k > 0, when the
-        HardSigmoid `node` is the only reader of everything x stands for; else a QuantError (the op stays float)."""
+    def _fold_hsig_slope(self, node: Node, x: QNode, k: float) -> QNode:
+        """Scale producer x (conv / dwconv, or the conv under a dense layer's reshape) by k > 0 for the HardSigmoid
+        `node`; returns the op the hard-sigmoid reads. When `node` is the only reader of everything x stands for,
+        x itself is scaled; else a scaled copy of it feeds `node` alone (`_scaled_copy`). A producer of another
+        kind, or with an activation that does not commute with k (ReLU6, LeakyReLU), is a QuantError (the op
+        stays float)."""
         conv = self.byname[x.inputs[0]] if x.kind == "reshape" and x.inputs else x
         if conv.kind not in ("conv", "dwconv") or conv.act not in ("NONE", "RELU") or conv.weight is None:
             raise self.err(node, f"HardSigmoid(alpha={k / 6:g}, beta=0.5) is the DPU's hard-sigmoid of {k:g}·x "
-                                 f"only when {k:g} folds into a conv producer ({x.name!r} is a {x.kind})")
+                                 f"only when {k:g} folds into a conv producer ({x.name!r} is a {x.kind}"
+                                 + (f" with {conv.act}" if conv.kind in ("conv", "dwconv") else "") + ")")
         for q in {conv.name, x.name}:
             tensors = [t for t, v in self.val.items() if v == q]
             readers = [c for t in tensors for c in self._cons.get(t, [])]
             if any(t in self.graph_outputs for t in tensors) or any(c is not node for c in readers) \
                     or (q == conv.name and conv is not x and self.consumer_names(q) != [x.name]) \
                     or (q == x.name and self.consumer_names(q)):
-                raise self.err(node, f"HardSigmoid(alpha={k / 6:g}, beta=0.5) is the DPU's hard-sigmoid of {k:g}·x, "
-                                     f"but the producer {conv.name!r} has other consumers (its scale cannot fold)")
+                return self._scaled_copy(node, conv, x, k)
         conv.weight = (conv.weight.astype(np.float64) * k).astype(np.float32)
         if conv.bias is not None:
             conv.bias = (conv.bias.astype(np.float64) * k).astype(np.float32)
         self.notes.append(f"{node.name}: HardSigmoid(alpha={k / 6:g}, beta=0.5) = hard-sigmoid({k:g}·x); {k:g} folded "
                           f"into {conv.name!r}'s weights and bias")
+        return x
+
+    def _scaled_copy(self, node: Node, conv: QNode, x: QNode, k: float) -> QNode:
+        """The producer `conv` of HardSigmoid `node` has other readers, so k cannot fold into it: a copy of it
+        (`<conv>_hsig_scaled`: same input, geometry and activation, weights and bias times k; ReLU commutes with
+        k > 0) feeds the hard-sigmoid alone, and the original keeps its other readers. Under a dense layer's
+        reshape (x is not conv) the reshape is copied too. Exact in float; costs the conv's MACs once more."""
+        assert conv.weight is not None                      # checked by _fold_hsig_slope
+        w = (conv.weight.astype(np.float64) * k).astype(np.float32)
+        b = None if conv.bias is None else (conv.bias.astype(np.float64) * k).astype(np.float32)
+        attrs = {a: list(v) if isinstance(v, list) else v for a, v in conv.attrs.items()}
+        c = self.add(QNode(f"{conv.name}_hsig_scaled", conv.kind, list(conv.inputs), list(conv.shape), attrs, w, b,
+                           conv.act, list(conv.sources) + [node.name]))
+        out = c
+        if x is not conv:
+            out = self.add(QNode(f"{x.name}_hsig_scaled", x.kind, [c.name], list(x.shape),
+                                 {a: list(v) if isinstance(v, list) else v for a, v in x.attrs.items()},
+                                 sources=list(x.sources) + [node.name]))
+        self.notes.append(f"{node.name}: HardSigmoid(alpha={k / 6:g}, beta=0.5) = hard-sigmoid({k:g}·x); {conv.name!r} "
+                          f"has other consumers, so {k:g} folded into a copy of it, {c.name!r} (weights and bias "
+                          f"times {k:g}), that feeds only the hard-sigmoid")
+        return out
 
     def op_HardSwish(self, node: Node) -> None:
         x = self.src(node, node.inputs[0])

@@ -57,6 +57,9 @@ class QuantConfig:
     cle_to_relu6: bool = False            # forced CLE through ReLU6 (changes the float model; the report says how much)
     cle_bias_absorb: bool = False         # Nagel et al. 2019 §4.2 bias absorption after ReLU (calibration-data minimum)
     nodes_to_exclude: tuple[str, ...] = ()  # ONNX node (or output tensor) names kept float on the CPU (vai_q_onnx)
+    # a weight tensor that vai_q's fix-point cap of 12 would mostly zero takes its own fix point (_weights); False:
+    # the cap everywhere, as vai_q
+    weight_fp_lift: bool = True
     finetune_iters: int = 200
     seed: int = 0
 
@@ -725,17 +728,53 @@ def place_nodes(prep: Prepared, target) -> dict:
     return out
 
 
-def _weights(prep: Prepared, cfg: QuantConfig, qp: QParams) -> None:
+WEIGHT_FP_LIFT_MAX = 24          # a lifted weight fix point stays far inside shift_cut's 0..63 (spec §6.4)
+
+
+def _lost_at(w: np.ndarray, fp: int, axis: int, rnd: str) -> tuple[int, int, float]:
+    """(output channels nonzero in float but all zero at fix point fp, output channels, share of the nonzero float
+    weights that are zero at fp)."""
+    q = C.quantize(w, fp, 8, rnd)
+    other = tuple(i for i in range(w.ndim) if i != axis)
+    live = np.any(w != 0, axis=other)
+    zero = ~np.any(q != 0, axis=other)
+    nz = w != 0
+    return int(np.sum(live & zero)), int(w.shape[axis]), float(np.sum(nz & (q == 0)) / max(1, int(np.sum(nz))))
+
+
+def _weights(prep: Prepared, cfg: QuantConfig, qp: QParams) -> list[dict]:
     """Weight fix points: conv-like ops by cfg.wmethod; PReLU slopes by maxmin, uncapped (the largest fix point at
     which no slope clips: one shift serves every channel, a clipped slope errs on every negative value of its
-    channel, and each further bit halves the slopes' rounding error; `_prelu_slopes` applies the ALU's limit)."""
+    channel, and each further bit halves the slopes' rounding error; `_prelu_slopes` applies the ALU's limit).
+
+    vai_q caps fix points at 12 (`max_fix_position`). Where that cap would zero a whole output channel that is not
+    zero in float, or more than half of the layer's nonzero weights (tiny weights: a BatchNorm of huge running
+    variance folded in, as in PP-OCRv4 det's head, docs/quantizer.md "Why PP-OCRv4 det collapses without CLE"), the
+    layer takes its uncapped fix point instead, up to WEIGHT_FP_LIFT_MAX; the DPU's shifts allow it (shift_cut =
+    fp_in + fp_w - fp_out <= 63; the bias fix point is moved into shift_bias's range as always). Returned as
+    adjustments."""
+    lifted = []
     for n in prep.nodes:
         if n.kind in CONV_KINDS and n.quantized:
-            qp.w_fp[n.name] = C.weight_fix_point(n.weight, method=cfg.wmethod, bit_width=8,
-                                                 round_mode=cfg.weight_round)
+            fp = C.weight_fix_point(n.weight, method=cfg.wmethod, bit_width=8, round_mode=cfg.weight_round)
+            if cfg.weight_fp_lift and fp == C.default_max_fix_point(8) and np.any(n.weight):
+                raw = C.weight_fix_point(n.weight, method=cfg.wmethod, bit_width=8, round_mode=cfg.weight_round,
+                                         max_fp=None)
+                axis = 1 if n.kind == "tconv" else 0
+                dead, total, share = _lost_at(n.weight, fp, axis, cfg.weight_round)
+                if raw > fp and (dead or share > 0.5):
+                    to = min(raw, WEIGHT_FP_LIFT_MAX)
+                    left, _, share_to = _lost_at(n.weight, to, axis, cfg.weight_round)
+                    lifted.append({"tensor": n.name + "_weights", "from": fp, "to": to,
+                                   "rule": f"above vai_q's cap {fp}: at {fp}, {share:.0%} of the nonzero weights and "
+                                           f"{dead} of {total} output channels would be zero ({share_to:.0%} and "
+                                           f"{left} at {to})"})
+                    fp = to
+            qp.w_fp[n.name] = fp
         elif n.kind == "prelu" and n.quantized:
             qp.w_fp[n.name] = C.weight_fix_point(n.weight, method="maxmin", bit_width=8,
                                                  round_mode=cfg.weight_round, max_fp=None, name=n.name + "_weights")
+    return lifted
 
 
 def _prelu_slopes(prep: Prepared, cfg: QuantConfig, qp: QParams, adjustments: list) -> None:
@@ -751,6 +790,30 @@ def _prelu_slopes(prep: Prepared, cfg: QuantConfig, qp: QParams, adjustments: li
                                 "rule": f"prelu shift s + fp_in - fp_out <= {F.PRELU_SHIFT_MAX} (ALU shift_prelu_n)"})
             s = qp.w_fp[n.name] = hi
         qp.w_q[n.name] = C.quantize(n.weight, s, 8, cfg.weight_round)
+
+
+def _recalibrate(res, x: np.ndarray, need: list[str], progress=None) -> None:
+    """Calibrate the activations again on x with the current (tuned) float weights, as `quantize` does after the
+    weights: fix points, rules, integer weights and biases, PReLU slopes; the weight fix points of the conv-like
+    layers stay (the tuned weights are rounded on their grid, and a lifted cap stays lifted), a PReLU's is derived
+    afresh. Replaces res.observers and res.adjustments (fast finetune's recalibration)."""
+    prep, cfg, qp = res.prep, res.config, res.qp
+    observers: dict = {}
+    raw = _calibrate(prep, cfg, x, need, observers, progress)
+    fresh = QParams()
+    _weights(prep, cfg, fresh)
+    for n in prep.nodes:
+        if n.kind == "prelu" and n.name in fresh.w_fp:
+            qp.w_fp[n.name] = fresh.w_fp[n.name]
+    lifted = [a for a in res.adjustments if a["tensor"].endswith("_weights") and a["rule"].startswith("above vai_q")]
+    qp.act_fp, adjustments = solve_fix_points(prep, raw, qp.w_fp, cfg, fixed=None)
+    quantize_conv_params(prep, cfg, qp, adjustments)
+    _prelu_slopes(prep, cfg, qp, adjustments)
+    _check_fp_range(prep, qp, observers)
+    res.adjustments[:] = lifted + adjustments
+    res.observers.clear()
+    res.observers.update(observers)
+    res._sessions.clear()
 
 
 def quantize(model, calib, target=None, config: QuantConfig | None = None, quant_info: dict | str | None = None,
@@ -791,7 +854,7 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
     if cfg.bias_corr:
         from opendpu.quant.finetune import bias_correction
         bias_correction(prep, cfg, x)
-    _weights(prep, cfg, qp)
+    lifted = _weights(prep, cfg, qp)
     timings["weights"] = time.perf_counter() - t1
     # which tensors get a fix point: every quantized op, the input, and float ops feeding quantized ops
     need = []
@@ -810,7 +873,7 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
         for n, v in qi["w"].items():
             qp.w_fp[n] = v
     timings["calibrate"] = time.perf_counter() - t2
-    adjustments: list = []
+    adjustments: list = list(lifted) if qi is None else []     # quant_info's weight fix points replace them
     qp.act_fp, adj = solve_fix_points(prep, raw, qp.w_fp, cfg, fixed=None)
     adjustments += adj
     quantize_conv_params(prep, cfg, qp, adjustments)
@@ -826,7 +889,8 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
     if cfg.fast_finetune:
         t3 = time.perf_counter()
         from opendpu.quant.finetune import fast_finetune
-        fast_finetune(res, x)
+        fast_finetune(res, x, recalibrate=(lambda r: _recalibrate(r, x, need, progress)) if qi is None
+                      else None)                                      # recalibrates unless quant_info fixed them
         timings["fast_finetune"] = time.perf_counter() - t3
     timings["total"] = time.perf_counter() - t0
     return res

@@ -491,3 +491,43 @@ def test_labels_outside_the_model_classes_are_refused(tmp_path, capsys):
     assert rc == 2 and len(err) == 1 and err[0].startswith(f"opendpu quantize: error: --evaluate {ev}: ")
     assert "12 of 12 labels are outside the model's 10 classes 0..9 (found 100..111)" in err[0]
     assert not (tmp_path / "q").exists()
+
+
+def _tiny_weight_conv(scale: float = 1e-4):
+    """A 1x1 conv whose weights are near `scale` (a BatchNorm of huge running variance folded in, as PP-OCRv4 det's
+    head) on inputs of std 1,000."""
+    r = np.random.default_rng(0)
+    w = (r.normal(0, 1, (8, 16, 1, 1)) * scale).astype(np.float32)
+    g = h.make_graph([h.make_node("Conv", ["x", "w"], ["y"], name="conv")], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 16, 8, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 8, 8, 8])], [nh.from_array(w, "w")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m, w, r.normal(0, 1000, (16, 16, 8, 8)).astype(np.float32)
+
+
+def test_weight_cap_lifted_where_it_zeroes_a_layer():
+    """vai_q's cap of 12 would zero 96 of the 128 weights (max |w| 2.3e-4 < 2^-12 = 2.44e-4 for most): the layer
+    takes its own fix point (127 * 2^-19 = 2.4e-4 >= max |w|), with an adjustment naming the rule, and its SQNR
+    against float goes from a few dB to over 30. With weight_fp_lift False the cap binds, as in vai_q."""
+    m, w, x = _tiny_weight_conv()
+    assert 127 * 2.0 ** -20 < np.abs(w).max() <= 127 * 2.0 ** -19           # maxmin's fix point is 19, by hand
+    capped = quantize(m, x, config=QuantConfig(cle=False, weight_fp_lift=False))
+    lifted = quantize(m, x, config=QuantConfig(cle=False))
+    assert capped.qp.w_fp["conv"] == 12 and lifted.qp.w_fp["conv"] == 19
+    assert np.sum(capped.qp.w_q["conv"] != 0) == 32 and np.sum(lifted.qp.w_q["conv"] != 0) >= 120
+    (adj,) = [a for a in lifted.adjustments if a["tensor"] == "conv_weights"]
+    assert (adj["from"], adj["to"]) == (12, 19) and "75% of the nonzero weights" in adj["rule"]
+    assert not capped.adjustments
+    sq_c = capped.layer_errors(x[:4])[0]["sqnr_db"]
+    sq_l = lifted.layer_errors(x[:4])[0]["sqnr_db"]
+    assert sq_c < 6 and sq_l > 30, (sq_c, sq_l)
+
+
+def test_weight_cap_kept_where_it_costs_little():
+    """Weights a little below 2^-12 * 127 (the cap binds, but at most a quarter of them round to zero) keep
+    vai_q's cap: the lift is for layers the cap destroys, not a new rule for every small tensor."""
+    m, w, x = _tiny_weight_conv(0.01)
+    res = quantize(m, x, config=QuantConfig(cle=False))
+    assert res.qp.w_fp["conv"] == 12 and not res.adjustments
+    assert np.mean(res.qp.w_q["conv"] == 0) < 0.25
