@@ -527,14 +527,24 @@ def check_name(name: str) -> str:
     return name
 
 
+def timing_cycles(target: Target, instructions) -> int:
+    """Total cycles of a (scratch or whole) instruction stream on `target`: sim.timing.simulate, timing only (the
+    one cycle model of the profiler, the sweeps and the compiler's decisions; the compiler imports nothing else
+    of sim)."""
+    from opendpu.sim.timing import simulate
+    return int(simulate(instructions, target).total_cycles)
+
+
 def compile(graph: Graph, target: "Target | str", *, name: str | None = None, recompile: bool = False,
             dump_after=(), log: Callable[[str], None] | None = None, cycles: Callable | None = None,
             **options) -> CompileResult:
     """Compile a quantized XIR graph (the `*-fix` form `opendpu quantize` writes; with `recompile`, a compiled
     xmodel) for `target` (a Target, preset name, fingerprint or arch.json path) with vai_c's `options`.
-    `cycles(target, instructions) -> int` is the cycle model the code generator decides by; the runtime passes
-    the real one (runtime.costmodel.cycle_model, bank-port conflicts included). None: the compiler's own
-    estimates (the compiler may not import sim)."""
+    `cycles(target, instructions) -> int` is the cycle model the code generator decides by; None: the one cycle
+    model, `timing_cycles` (sim.timing, bank-port conflicts included), as `opendpu compile`, the sweep and the
+    profiler use it."""
+    if cycles is None:
+        cycles = timing_cycles
     t = target if isinstance(target, Target) else get_target(target)
     opts = check_options(options)
     dumps = check_dump_after(dump_after)
@@ -555,6 +565,6 @@ def compile(graph: Graph, target: "Target | str", *, name: str | None = None, re
                          out_dumps, ctx.org_bytes)
 
 
-__all__ = ["compile", "CompileResult", "CompileContext", "CompileError", "Pass", "PASSES",
+__all__ = ["compile", "timing_cycles", "CompileResult", "CompileContext", "CompileError", "Pass", "PASSES",
            "PASS_NAMES", "KNOWN_OPTIONS", "check_options", "parse_options", "check_dump_after", "check_name",
            "check_graph"]

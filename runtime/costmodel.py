@@ -1,17 +1,10 @@
-"""The cycle model as the compiler's cost function.
+"""The cycle model as the compiler's cost function (kept for callers of `cycle_model`).
 
-The compiler may not import the simulator (the layering test forbids compiler -> sim), so its own estimates
-leave out the bank-port arbitration of docs/bank-ports.md. The runtime, which may import both, hands the real
-cycle model to `compiler.compile(..., cycles=cycle_model)`: the code generator then times each per-layer
-alternative (channel augmentation, fusion, pool cascade) on the same rules as `opendpu run --backend sim`.
+`compiler.compile` decides by the one cycle model, `compiler.pipeline.timing_cycles` (sim.timing, bank-port
+arbitration included), by default; `cycle_model` is that function.
 """
 from __future__ import annotations
 
-from opendpu.isa.program import Instruction
-from opendpu.isa.target import Target
-from opendpu.sim.timing import simulate
+from opendpu.compiler.pipeline import timing_cycles as cycle_model
 
-
-def cycle_model(target: Target, instructions: list[Instruction]) -> int:
-    """Total cycles of a (scratch or whole) instruction stream on `target`: sim.timing.simulate, timing only."""
-    return int(simulate(instructions, target).total_cycles)
+__all__ = ["cycle_model"]

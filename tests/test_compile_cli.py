@@ -346,3 +346,18 @@ def test_input_shape_in_either_layout_of_the_model(quantized):
         if bad != "1,64":
             assert "the quantized graph's input is [1, 8, 8, 1] NHWC (the xmodel's layout), [1, 1, 8, 8] NCHW " \
                    "(the ONNX model's)" in msg and "--input-shape N,C,H,W, NCHW" in msg
+
+
+def test_library_default_and_cli_emit_the_same_programs(tmp_path):
+    """One cost model (issue 31 item 3): `compile()` with its defaults and `opendpu compile` decide by the same
+    cycle model and emit identical mc_code (MobileNet v2 64x64 on B512, where the old library default differed)."""
+    from compile_helpers import quantized as zoo_quantized
+    g = zoo_quantized("mobilenet_v2", 64)
+    xm = tmp_path / "m_int.xmodel"
+    xm.write_bytes(g.serialize())
+    lib = compile_graph(Graph.deserialize(g.serialize()), "DPUCZDX8G_ISA1_B512", name="m")
+    assert cli(["compile", "-x", str(xm), "--target", "DPUCZDX8G_ISA1_B512", "-o", str(tmp_path / "out"), "-n",
+                "m"]) == 0
+    xmodel = Graph.deserialize((tmp_path / "out" / "m.xmodel").read_bytes())
+    got = {sg.name: DpuSubgraph(xmodel, sg).mc_code for sg in dpu_subgraphs(xmodel)}
+    assert got and got == {n: p.mc_code for n, p in lib.programs.items()}

@@ -1,10 +1,10 @@
-"""The cycle model as the compiler's cost function (runtime/costmodel.py, issue 15 item 2).
+"""The cycle model as the compiler's cost function (issue 15 item 2; the default of `compile()` since issue 31 item 3:
+`compiler.pipeline.timing_cycles`, which `runtime.costmodel.cycle_model` names).
 
-The compiler cannot import sim (tests/test_layering.py), so the runtime injects `cycle_model` through
-`compile(..., cycles=...)`. These tests show that the code generator's per-layer decisions really follow the
-injected function (a function that prefers the other alternative changes the program), that every program it
-chooses is still exact against the reference, and that a cycle model refusing a scratch stream falls back to the
-compiler's own schedule of that stream."""
+`compile(..., cycles=...)` still takes any function. These tests show that the code generator's per-layer decisions
+really follow the injected function (a function that prefers the other alternative changes the program), that
+every program it chooses is still exact against the reference, and that a cycle model refusing a scratch stream
+falls back to the compiler's own schedule of that stream."""
 from __future__ import annotations
 
 import numpy as np
