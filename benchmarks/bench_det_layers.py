@@ -35,18 +35,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import ocr_data  # noqa: E402  (tests/ocr_data.py)
+from opendpu.quant.conv_params import CONV_KINDS  # noqa: E402
+from opendpu.runtime.compare import _sqnr as _db  # noqa: E402  (SQNR in dB from summed squares)
 
 DET_THRESH = 0.3                    # rapidocr config.yaml Det.thresh
-CONV_KINDS = ("conv", "dwconv", "tconv")
 DEAD = 2.0 ** -20                   # quant/cle.py: a channel below this share of the largest range is dead
 
 
-def _db(sig: float, err: float) -> float:
-    if err == 0:
-        return math.inf
-    if sig == 0:
-        return -math.inf
-    return 10 * math.log10(sig / err)
 
 
 def weight_stats(res, n) -> dict:

@@ -328,13 +328,16 @@ def value_name(prep: Prepared, name: str, mode: str) -> str:
     return name + "_fix" if (n.kind == "input" and mode != "float") else name
 
 
-def session(model, threads: int | None = None):
+def session(model, threads: int | None = None, arena: bool = True):
     """An onnxruntime session for an in-memory model (graph optimisations on, CPU; but PadFusion, which would fold
-    the explicit Pad of `pool_pads` back into a pool whose pad then reaches the kernel, which it refuses)."""
+    the explicit Pad of `pool_pads` back into a pool whose pad then reaches the kernel, which it refuses).
+    `arena` False: without onnxruntime's memory arena, which keeps its largest size (growing by powers of two) for
+    the session's life; without it a batch's buffers go back as soon as the batch is done."""
     import onnxruntime as ort
     from opendpu.quant.onnx_in import QuantError
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    so.enable_cpu_mem_arena = arena
     if threads:
         so.intra_op_num_threads = threads
     try:

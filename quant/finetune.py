@@ -27,7 +27,7 @@ import numpy as np
 from opendpu.compiler.fixpoint import LEAKY_ALPHA
 from opendpu.quant import calib as C
 from opendpu.quant.conv_params import quantize_conv_params
-from opendpu.quant.emit import emit_onnx, value_name
+from opendpu.quant.emit import emit_onnx, session, value_name
 
 _LEAKY = float(LEAKY_ALPHA)       # the DPU slope, for a LeakyReLU without an alpha attribute
 
@@ -202,19 +202,8 @@ def _session_for(prep, mode: str, qp, names: list[str]):
 
 
 def _lean_session(model):
-    """`emit.session` without onnxruntime's memory arena: an arena keeps its largest size (and grows by powers of
-    two) for the session's life; without it a batch's buffers go back as soon as the batch is done."""
-    import onnxruntime as ort
-    from opendpu.quant.onnx_in import QuantError
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.enable_cpu_mem_arena = False
-    try:
-        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"],
-                                    disabled_optimizers=["Pad_Fusion"])
-    except Exception as e:      # onnxruntime raises its own exception types
-        raise QuantError(f"onnxruntime cannot load the model {model.graph.name!r}: {str(e).splitlines()[0][:300]}") \
-            from None
+    """`emit.session` without onnxruntime's memory arena (see there)."""
+    return session(model, arena=False)
 
 
 def collect_rows(prep, qp, xs: np.ndarray, layers: list, pos: dict, batch: int) -> tuple[dict, dict]:
