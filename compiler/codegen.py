@@ -17,7 +17,7 @@ Names follow the spec: bank_addr_in, shift_cut, jump_read_endl, valid_pixel_para
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from typing import Any, Callable, Sequence
 
@@ -1873,25 +1873,43 @@ class _Plan:
     fm: dict[str, FMap] = field(default_factory=dict)     # op name -> where its output lives
 
 
+@dataclass(frozen=True)
+class CodegenOptions:
+    """The code generator's switches (vai_c `--options` keys of the same names, all on by default; docs/compiler.md):
+    `channel_augmentation` lets convs with few input channels fold kw into the LOAD items, `fuse` lets a producer
+    and its only (ALU) consumer share one superlayer with the intermediate on chip (each taken per layer when the
+    cost model says it is faster); `exact_tokens`, `pipeline` and `prefetch_layers` are the scheduling
+    optimisations; `fuse_conv` lets a producer be fused with its only CONV consumer; `pool_cascade` runs a large
+    stride-1 max pool as a cascade of small ones."""
+    channel_augmentation: bool = True
+    fuse: bool = True
+    exact_tokens: bool = True
+    pipeline: bool = True
+    prefetch_layers: bool = True
+    fuse_conv: bool = True
+    pool_cascade: bool = True
+
+    @classmethod
+    def from_options(cls, options: dict) -> "CodegenOptions":
+        """From checked vai_c options: the keys named as the fields (absent: on); other keys are not this class's."""
+        return cls(**{f.name: bool(options[f.name]) for f in fields(cls) if f.name in options})
+
+
+CODEGEN_OPTIONS = tuple(f.name for f in fields(CodegenOptions))
+
+
 def generate(graph: Graph, op_names: list[str], target: Target, name: str = "subgraph",
-             log: Callable[[str], None] | None = None, channel_augmentation: bool = True,
-             fuse: bool = True, exact_tokens: bool = True, pipeline: bool = True,
-             prefetch_layers: bool = True, fuse_conv: bool = True, pool_cascade: bool = True,
+             log: Callable[[str], None] | None = None, options: CodegenOptions | None = None,
              cycles: "Cycles | None" = None) -> DpuProgram:
-    """Compile the ops `op_names` of `graph` (one DPU subgraph) for `target` (module docstring).
-    `channel_augmentation` lets convs with few input channels fold kw into the LOAD items, `fuse` lets a
-    producer and its only (ALU) consumer share one superlayer with the intermediate on chip; each is taken per
-    layer when the cost estimate says it is faster. `exact_tokens`, `pipeline` and `prefetch_layers` are the
-    scheduling optimisations, `fuse_conv` lets a producer be fused with its only CONV consumer, `pool_cascade` runs
-    a large stride-1 max pool as a cascade of small ones (docs/compiler.md). `cycles` is the cycle model to decide
+    """Compile the ops `op_names` of `graph` (one DPU subgraph) for `target` (module docstring) with `options`
+    (`CodegenOptions`, all on by default). `cycles` is the cycle model to decide
     by (the runtime passes runtime.costmodel.cycle_model, which has the bank-port arbitration); None: the
     compiler's own estimates.
 
     Where a CONV consumer Q could be fused either with its producer or with its own ALU consumer (a contested
     pair), the ALU pair is taken; when the subgraph has such a pair the program is also generated the other way
     and the one `_schedule` finds faster is kept."""
-    args = (graph, op_names, target, name, channel_augmentation, fuse, exact_tokens, pipeline, prefetch_layers,
-            fuse_conv, pool_cascade, cycles)
+    args = (graph, op_names, target, name, options or CodegenOptions(), cycles)
     prog, contested = _generate(*args, conv_first=False)
     if contested:
         alt, _ = _generate(*args, conv_first=True)
@@ -1908,11 +1926,13 @@ def generate(graph: Graph, op_names: list[str], target: Target, name: str = "sub
     return prog
 
 
-def _generate(graph: Graph, op_names: list[str], target: Target, name: str, channel_augmentation: bool,
-              fuse: bool, exact_tokens: bool, pipeline: bool, prefetch_layers: bool, fuse_conv: bool,
-              pool_cascade: bool, cycles: "Cycles | None", conv_first: bool) -> tuple[DpuProgram, bool]:
+def _generate(graph: Graph, op_names: list[str], target: Target, name: str, opts: CodegenOptions,
+              cycles: "Cycles | None", conv_first: bool) -> tuple[DpuProgram, bool]:
     """`generate` with the contested pairs decided one way (`conv_first`: producer + CONV consumer); also
     whether the subgraph has a contested pair."""
+    channel_augmentation, fuse, exact_tokens = opts.channel_augmentation, opts.fuse, opts.exact_tokens
+    pipeline, prefetch_layers, fuse_conv, pool_cascade = (opts.pipeline, opts.prefetch_layers, opts.fuse_conv,
+                                                          opts.pool_cascade)
     contested = False
     t = target
     ops = set(op_names)
@@ -2540,4 +2560,4 @@ def _tokens(t: Target, ins: list[Instruction], exact: bool, keys: DenseKeys) -> 
     return [replace(x, dpdon=planner.dpdon[k], dpdby=planner.dpdby[k]) for k, x in enumerate(out)]
 
 
-__all__ = ["CodegenError", "DdrImage", "FMap", "generate", "unsupported"]
+__all__ = ["CODEGEN_OPTIONS", "CodegenError", "CodegenOptions", "DdrImage", "FMap", "generate", "unsupported"]

@@ -34,6 +34,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from opendpu.compiler.codegen import CODEGEN_OPTIONS
 from opendpu.compiler.emit import emit, md5, meta_json
 from opendpu.compiler.partition import Partition, partition, shape_of
 from opendpu.compiler.program import DpuProgram
@@ -47,9 +48,9 @@ class CompileError(OpenDpuError, ValueError):
     """Bad compile input (options, graph, names); the message names the offending thing."""
 
 
-KNOWN_OPTIONS = ("input_shape", "output_ops", "prefetch", "hd_opt", "plugins", "channel_augmentation", "fuse",
-                 "exact_tokens", "pipeline", "prefetch_layers", "fuse_conv", "pool_cascade", "downsample_bp",
-                 "pool_split")
+GRAPH_PASS_OPTIONS = ("downsample_bp", "pool_split")       # the graph rewrites before partitioning, on by default
+BOOL_OPTIONS = ("prefetch", "hd_opt") + CODEGEN_OPTIONS + GRAPH_PASS_OPTIONS
+KNOWN_OPTIONS = ("input_shape", "output_ops", "plugins") + BOOL_OPTIONS
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -112,8 +113,7 @@ def check_options(options: dict) -> dict:
             out[k] = _shape_list(v)
         elif k == "output_ops":
             out[k] = _op_list(v)
-        elif k in ("prefetch", "hd_opt", "channel_augmentation", "fuse", "exact_tokens", "pipeline",
-                   "prefetch_layers", "fuse_conv", "pool_cascade", "downsample_bp", "pool_split"):
+        elif k in BOOL_OPTIONS:
             out[k] = _bool_option(k, v)
         elif k == "plugins":
             if v not in ("", None, []):
@@ -400,19 +400,12 @@ def p_partition(ctx: CompileContext) -> CompileContext:
 def p_codegen(ctx: CompileContext) -> CompileContext:
     """One DpuProgram per DPU subgraph (compiler.codegen.generate: memory plan, tiles, instructions, banks,
     tokens, weights)."""
-    from opendpu.compiler.codegen import generate
+    from opendpu.compiler.codegen import CodegenOptions, generate
     assert ctx.graph is not None and ctx.partition is not None
     ctx.programs = {}
     for s in ctx.partition.dpu_subgraphs:
         ctx.programs[s.name] = generate(ctx.graph, s.ops, ctx.target, s.name, log=ctx.say,
-                                        channel_augmentation=ctx.options.get("channel_augmentation", True),
-                                        fuse=ctx.options.get("fuse", True),
-                                        exact_tokens=ctx.options.get("exact_tokens", True),
-                                        pipeline=ctx.options.get("pipeline", True),
-                                        prefetch_layers=ctx.options.get("prefetch_layers", True),
-                                        fuse_conv=ctx.options.get("fuse_conv", True),
-                                        pool_cascade=ctx.options.get("pool_cascade", True),
-                                        cycles=ctx.cycles)
+                                        options=CodegenOptions.from_options(ctx.options), cycles=ctx.cycles)
     n = sum(len(p.instructions) for p in ctx.programs.values())
     ctx.summary = f"{len(ctx.programs)} DPU subgraph(s), {n} instructions"
     return ctx

@@ -133,10 +133,10 @@ def graphs():
     return {k: _quantized(f()) for k, f in MODELS.items()}
 
 
-def _compile(g, t, **opts):
+def _compile(g, t, cycles=None, **opts):
     ops, why = dpu_ops(g, t)
     assert not why, why
-    return codegen.generate(g, ops, t, **opts)
+    return codegen.generate(g, ops, t, options=codegen.CodegenOptions(**opts), cycles=cycles)
 
 
 def _cycles(prog) -> int:
