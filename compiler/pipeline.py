@@ -352,39 +352,36 @@ def _subgraph_copy(g: Graph, keep: set[str]) -> Graph:
     return h
 
 
-def p_downsample_bp(ctx: CompileContext) -> CompileContext:
-    """Tensors read only by strided 1x1 convs are computed only at the pixels read (compiler.downsample)."""
-    from opendpu.compiler.downsample import clone, downsample_bp
+def _rewrite(ctx: CompileContext, option: str, rewrite: Callable, what: str) -> CompileContext:
+    """A graph rewrite pass before partitioning: off by `option`; `rewrite(graph)` edits a copy in place and returns
+    one line per change (canonicalize hands a canonical input graph over as it is: never edit it)."""
+    from opendpu.compiler.downsample import clone
     assert ctx.graph is not None
-    if not ctx.options.get("downsample_bp", True):
-        ctx.summary = "off (option downsample_bp)"
+    if not ctx.options.get(option, True):
+        ctx.summary = f"off (option {option})"
         return ctx
-    g = clone(ctx.graph)                  # canonicalize hands a canonical input graph over as it is: never edit it
-    lines = downsample_bp(g, protected=set(ctx.options.get("output_ops") or ()))
+    g = clone(ctx.graph)
+    lines = rewrite(g)
     if lines:
         ctx.graph = g
     for line in lines:
-        ctx.say(f"downsample_bp: {line}")
-    ctx.summary = f"{len(lines)} op(s) computed at the stride of their readers" if lines else "nothing to do"
+        ctx.say(f"{option}: {line}")
+    ctx.summary = f"{len(lines)} {what}" if lines else "nothing to do"
     return ctx
+
+
+def p_downsample_bp(ctx: CompileContext) -> CompileContext:
+    """Tensors read only by strided 1x1 convs are computed only at the pixels read (compiler.downsample)."""
+    from opendpu.compiler.downsample import downsample_bp
+    keep = set(ctx.options.get("output_ops") or ())
+    return _rewrite(ctx, "downsample_bp", lambda g: downsample_bp(g, protected=keep),
+                    "op(s) computed at the stride of their readers")
 
 
 def p_pool_split(ctx: CompileContext) -> CompileContext:
     """Single-output average pools too large for the image banks as two passes (compiler.poolsplit)."""
-    from opendpu.compiler.downsample import clone
     from opendpu.compiler.poolsplit import split_pools
-    assert ctx.graph is not None
-    if not ctx.options.get("pool_split", True):
-        ctx.summary = "off (option pool_split)"
-        return ctx
-    g = clone(ctx.graph)
-    lines = split_pools(g, ctx.target)
-    if lines:
-        ctx.graph = g
-    for line in lines:
-        ctx.say(f"pool_split: {line}")
-    ctx.summary = f"{len(lines)} average pool(s) in two passes" if lines else "nothing to do"
-    return ctx
+    return _rewrite(ctx, "pool_split", lambda g: split_pools(g, ctx.target), "average pool(s) in two passes")
 
 
 def p_partition(ctx: CompileContext) -> CompileContext:

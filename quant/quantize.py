@@ -732,8 +732,7 @@ WEIGHT_FP_LIFT_MAX = 24          # a lifted weight fix point stays far inside sh
 
 
 def _lost_at(w: np.ndarray, fp: int, axis: int, rnd: str) -> tuple[int, int, float]:
-    """(output channels nonzero in float but all zero at fix point fp, output channels, share of the nonzero float
-    weights that are zero at fp)."""
+    """(live output channels all zero at fix point fp, output channels, share of nonzero weights zero at fp)."""
     q = C.quantize(w, fp, 8, rnd)
     other = tuple(i for i in range(w.ndim) if i != axis)
     live = np.any(w != 0, axis=other)
@@ -772,9 +771,13 @@ def _weights(prep: Prepared, cfg: QuantConfig, qp: QParams) -> list[dict]:
                     fp = to
             qp.w_fp[n.name] = fp
         elif n.kind == "prelu" and n.quantized:
-            qp.w_fp[n.name] = C.weight_fix_point(n.weight, method="maxmin", bit_width=8,
-                                                 round_mode=cfg.weight_round, max_fp=None, name=n.name + "_weights")
+            qp.w_fp[n.name] = _prelu_fix_point(n, cfg)
     return lifted
+
+
+def _prelu_fix_point(n, cfg: QuantConfig) -> int:      # a PReLU's slopes: maxmin, uncapped (see `_weights`)
+    return C.weight_fix_point(n.weight, method="maxmin", bit_width=8, round_mode=cfg.weight_round, max_fp=None,
+                              name=n.name + "_weights")
 
 
 def _prelu_slopes(prep: Prepared, cfg: QuantConfig, qp: QParams, adjustments: list) -> None:
@@ -800,11 +803,7 @@ def _recalibrate(res, x: np.ndarray, need: list[str], progress=None) -> None:
     prep, cfg, qp = res.prep, res.config, res.qp
     observers: dict = {}
     raw = _calibrate(prep, cfg, x, need, observers, progress)
-    fresh = QParams()
-    _weights(prep, cfg, fresh)
-    for n in prep.nodes:
-        if n.kind == "prelu" and n.name in fresh.w_fp:
-            qp.w_fp[n.name] = fresh.w_fp[n.name]
+    qp.w_fp.update({n.name: _prelu_fix_point(n, cfg) for n in prep.nodes if n.kind == "prelu" and n.quantized})
     lifted = [a for a in res.adjustments if a["tensor"].endswith("_weights") and a["rule"].startswith("above vai_q")]
     qp.act_fp, adjustments = solve_fix_points(prep, raw, qp.w_fp, cfg, fixed=None)
     quantize_conv_params(prep, cfg, qp, adjustments)
