@@ -29,8 +29,9 @@ iverilog:
 demo: venv
 	$(PY) -m opendpu.runtime.demo --models $(MODELS)
 
-# ruff on the whole tree, mypy on isa, sim and compiler (pyproject.toml). mypy cannot follow the editable install's
-# mapping of opendpu.<pkg> onto the top-level directories; it reads them through build/typecheck/opendpu/<pkg> links.
+# ruff on the whole tree, mypy on all six packages (pyproject.toml). mypy cannot follow the
+# editable install's mapping of opendpu.<pkg> onto the top-level directories; it reads them through
+# build/typecheck/opendpu/<pkg> links.
 lint: venv
 	$(PY) -m ruff check .
 	@mkdir -p build/typecheck/opendpu

@@ -44,7 +44,7 @@ def toml_value(v) -> str:
 
 def warm_spec(path: str, yolox: str) -> int:
     """The 52 configurations of the acceptance sweep x CLOCKS x CORES as one list-mode space; returns the points."""
-    from opendpu.runtime.archsweep import expand, load_spec
+    from opendpu.runtime.sweep import expand, load_spec
     base = expand(load_spec(SPEC))
     pts = [{**p, "clock_mhz": float(c), "cores": n} for p in base for c in CLOCKS for n in CORES]
     lines = ["seed = 17", "[[model]]", 'zoo = "resnet50"', "[[model]]", 'zoo = "mobilenet_v2"',
@@ -57,7 +57,7 @@ def warm_spec(path: str, yolox: str) -> int:
 
 
 def pareto_tables(out: str) -> None:
-    from opendpu.runtime.sweep_report import pareto_front
+    from opendpu.runtime.sweep.tables import pareto_front
     with open(os.path.join(out, "sweep.json")) as f:
         rows = json.load(f)["rows"]
     for x in ("dsp", "bram36"):

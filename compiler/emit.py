@@ -14,28 +14,43 @@ vai_c_xir writes (spec §8.2–8.3, the shared AMD models).
   the instruction -> layer map as {layer child name: [first, count, first, count, ...]} (int32 vector map), so
   profilers attribute every instruction exactly. WORKSPACE tensors of the program get their DDR image
   (`dpu_abi.write_image`). Const ops keep their `data` (root attribute `reserve_const_data` true).
+* Every attribute AMD's compiled models carry, with their values (docs/compiler.md "xmodel attributes"): per op
+  `workload`, `workload_on_arch`, `channel_augmentation`; per const tensor where its bytes lie in the CONST
+  register; per feature map its DDR image, or `location` 0 when the program keeps it on chip; the root's switches.
 
 `meta_json` is the runtime's meta.json: target, fingerprint, runner library, file names, DPU subgraph names
 ("kernel", as vai_c), the compiler and its options.
 """
 from __future__ import annotations
 
+import bisect
 import copy
 import hashlib
+import math
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
+
+from opendpu.compiler.codegen import ALIAS_TYPES
 from opendpu.compiler.partition import CPU, DPU, Partition, SubgraphPlan, coverage, shape_of
 from opendpu.compiler.program import DdrImage, DpuProgram
 from opendpu.compiler.xir import dpu_abi as abi
 from opendpu.compiler.xir.graph import Attrs, Graph, Op, Subgraph, Tensor, XModelError
 from opendpu.isa.errors import OpenDpuError
+from opendpu.isa.footprint import InitState, footprint_of
 from opendpu.isa.target import Target
 
 LAYER_MAP = "opendpu_layer_map"
 LAYER_MAP_KIND = "map_string_2_int32_vec_value"
 CPU_RUNNERS = {"run": "libvart-cpu-runner.so", "ref": "libvart-cpu-runner.so", "sim": "libvart-cpu-runner.so"}
-DDR_TENSOR_ATTRS = (abi.REG_ID, abi.DDR_ADDR, abi.LOCATION, abi.STRIDE, "strides")
+DDR_TENSOR_ATTRS = (abi.REG_ID, abi.DDR_ADDR, abi.LOCATION, abi.STRIDE, "strides", abi.DDR_RUNS)
+COMPILED_OP_ATTRS = ("workload", "workload_on_arch", "channel_augmentation")    # decided again on every emit
+# vai_c_xir's switches AMD's VAI 3.5 models record on the root subgraph, with opendpu's values (docs/compiler.md)
+ROOT_SWITCHES: tuple[tuple[str, Any, str], ...] = (
+    ("aie_tile_fusion_type", [], "string_vec_value"), ("concat_skip_code_gen", True, "bool_value"),
+    ("enable_mt_fusion", False, "bool_value"), ("inspector", False, "bool_value"), ("preassign", True, "bool_value"),
+    ("profile", False, "bool_value"))
 U64 = "uint64_value"
 
 
@@ -92,53 +107,90 @@ def _hw(shape) -> tuple[int, int, int]:
     return s[-3], s[-2], s[-1]
 
 
-def op_workload(graph: Graph, op: Op, target: Target) -> tuple[int, int]:
-    """(workload, workload_on_arch) of one op in operations, as vai_c counts them on the DPU ops of AMD's models:
-    conv-like ops 2 per multiply-accumulate plus 1 per output element with a bias (transposed convs: kernel taps per
-    output kh*kw/(sh*sw)); pools kernel taps per output element; eltwise one per input element; every other op 0.
-    On the arch, output widths are padded to the pixel parallelism and channels to the channel parallelism."""
+CONV_TYPES = ("conv2d-fix", "transposed-conv2d-fix")
+DW_TYPES = ("depthwise-conv2d-fix", "transposed-depthwise-conv2d-fix")
+WORKLOAD_TYPES = CONV_TYPES + DW_TYPES + ("pool-fix", "eltwise-fix")    # the ops AMD writes both workloads on
+CPU_WORKLOAD_TYPES = ("softmax",)                                       # CPU ops AMD writes a workload on
+SKIP_TYPES = ("const-fix", "const", "upload", "download")                # no compute: no placement of their own
+VIEW_TYPES = ("strided_slice-fix",)                                     # windows of their input's image
+AUGMENTED = "channel_augmentation"
+
+
+def op_workload(graph: Graph, op: Op, target: Target, augmented: bool = False) -> tuple[int, int]:
+    """(workload, workload_on_arch) of one DPU op in operations, as vai_c writes them on AMD's five ISA1 models
+    (docs/compiler.md, "xmodel attributes"; every value of those models is reproduced):
+    * workload: conv-like ops 2 per multiply-accumulate plus 1 per output element with a bias (transposed convs:
+      kh*kw/(sh*sw) taps per output), pools kernel taps per output element, eltwise one per input element;
+    * workload_on_arch: the same count with the output height rounded up to the engine's pixel parallelism (PP for
+      CONV, ALU_PP for the ALU and eltwise; a transposed conv's sh phases each), the output channels to CP and a
+      conv's input channels to CP; a channel-augmented conv (`augmented`) counts kh*(kw*IC rounded up to 2*ICP),
+      its augmented channel_num, per output element (not doubled).
+    Every other op: (0, 0)."""
     t = op.type
-    if op.output is None or not op.output.shape:
+    if t not in WORKLOAD_TYPES or op.output is None or not op.output.shape:
         return 0, 0
     oh, ow, oc = _hw(op.output.shape)
     out = oh * ow * oc
-    arch = oh * _pad(ow, target.pp) * _pad(oc, target.cp)
     ins = op.inputs.get("input") or []
     bias = 1 if op.inputs.get("bias") else 0
     k = op.attrs.get("kernel") or [1, 1]
     kw, kh = (int(k[0]), int(k[1])) if isinstance(k, list) and len(k) == 2 else (1, 1)
-    if t in ("conv2d-fix", "transposed-conv2d-fix", "depthwise-conv2d-fix", "transposed-depthwise-conv2d-fix"):
-        ic = 1 if "depthwise" in t else (_hw(shape_of(graph, ins[0]))[2] if ins else oc)
-        taps: float = kh * kw
-        if t.startswith("transposed"):
-            s = op.attrs.get("stride") or [1, 1]
-            taps = kh * kw / (int(s[0]) * int(s[1]))
-        icp = 1 if "depthwise" in t else _pad(ic, target.cp)
-        return int(out * (2 * taps * ic + bias)), int(arch * (2 * taps * icp + bias))
+    s = op.attrs.get("stride") or [1, 1]
+    sw, sh = (int(s[0]), int(s[1])) if isinstance(s, list) and len(s) == 2 else (1, 1)
+    pp = target.pp if t in CONV_TYPES else target.alu_pp
+    rows = _pad(-(-oh // sh), pp) * sh if t.startswith("transposed") else _pad(oh, pp)
+    arch = rows * ow * _pad(oc, target.cp)
+    if t in CONV_TYPES or t in DW_TYPES:
+        ic = 1 if t in DW_TYPES else (_hw(shape_of(graph, ins[0]))[2] if ins else oc)
+        taps: float = kh * kw / (sw * sh) if t.startswith("transposed") else kh * kw
+        icp = 1 if t in DW_TYPES else _pad(ic, target.cp)
+        per_arch = kh * _pad(kw * ic, 2 * target.cp) if augmented else 2 * taps * icp
+        return int(out * (2 * taps * ic + bias)), int(arch * (per_arch + bias))
     if t == "pool-fix":
         if op.attrs.get("global") and ins:
             h, w, _ = _hw(shape_of(graph, ins[0]))
             kh, kw = h, w
         return out * kh * kw, arch * kh * kw
-    if t == "eltwise-fix":
-        return out * max(1, len(ins)), arch * max(1, len(ins))
-    return 0, 0
+    return out * max(1, len(ins)), arch * max(1, len(ins))          # eltwise-fix
+
+
+def cpu_op_workload(op: Op) -> int:
+    """The workload vai_c writes on a CPU op: softmax 3n-1 per row of n (n exponentials, n-1 additions, n
+    divisions; AMD's MNIST softmax over 10 classes carries 29); other CPU ops carry none (0)."""
+    if op.type not in CPU_WORKLOAD_TYPES or op.output is None or not op.output.shape:
+        return 0
+    shape = [int(d) for d in op.output.shape]
+    axis = int(op.attrs.get("axis", -1))
+    n = shape[axis if -len(shape) <= axis < len(shape) else -1]
+    return (math.prod(shape) // max(1, n)) * max(0, 3 * n - 1)
+
+
+def augmented_ops(prog: DpuProgram) -> set[str]:
+    """The convs the code generator channel-augmented: its last `channel_augmentation` decision per layer (the
+    compile report's record) chose the augmented form."""
+    last: dict[str, str] = {}
+    for d in prog.stats.get("decisions") or []:
+        if d.get("decision") == AUGMENTED:
+            last[str(d.get("layer"))] = str(d.get("chosen"))
+    return {n for n, c in last.items() if c == "augmented"}
 
 
 # ---- the compiled graph ---------------------------------------------------------------------------------------
-def _copy_tensor(t: Tensor, name: str | None = None, strip_ddr: bool = False) -> Tensor:
+def _copy_tensor(t: Tensor, name: str | None = None, keep_ddr: bool = False) -> Tensor:
+    """A copy without DDR placement (the program being emitted places every tensor afresh), unless `keep_ddr`."""
     attrs = Attrs()
     for k, v in t.attrs.items():
-        if strip_ddr and k in DDR_TENSOR_ATTRS:
+        if k in DDR_TENSOR_ATTRS and not keep_ddr:
             continue
         attrs.set(k, copy.deepcopy(v), t.attrs.kinds.get(k))
     return Tensor(name or t.name, list(t.shape), t.data_type, t.bit_width, attrs)
 
 
-def _copy_attrs(a: Attrs) -> Attrs:
+def _copy_attrs(a: Attrs, drop: tuple[str, ...] = ()) -> Attrs:
     out = Attrs()
     for k, v in a.items():
-        out.set(k, copy.deepcopy(v), a.kinds.get(k))
+        if k not in drop:
+            out.set(k, copy.deepcopy(v), a.kinds.get(k))
     return out
 
 
@@ -233,6 +285,8 @@ def emit(graph: Graph, part: Partition, programs: dict[str, DpuProgram], target:
             return upload[(p, reader_sg)]
         return download.get(p, p)
 
+    augmented = set().union(*(augmented_ops(p) for p in programs.values()))
+    op_wl: dict[str, tuple[int, int]] = {}
     out = Graph(graph.name)
     out.attrs = _copy_attrs(graph.attrs)
     out.op_defs = list(graph.op_defs)
@@ -240,37 +294,48 @@ def emit(graph: Graph, part: Partition, programs: dict[str, DpuProgram], target:
         op = graph.ops[n]
         s_name = sub[n]
         ins = OrderedDict((arg, [source(p, s_name) for p in ps]) for arg, ps in op.inputs.items())
-        attrs = _copy_attrs(op.attrs)
+        attrs = _copy_attrs(op.attrs, COMPILED_OP_ATTRS)
         attrs.set("device", dev[n], "string_value")
+        if dev[n] == DPU and op.type in WORKLOAD_TYPES:
+            op_wl[n] = op_workload(graph, op, target, n in augmented and op.type == "conv2d-fix")
+            attrs.set("workload", op_wl[n][0], U64)
+            attrs.set("workload_on_arch", op_wl[n][1], U64)
+            if n in augmented and op.type == "conv2d-fix":
+                attrs.set(AUGMENTED, 1, "int32_value")
+        elif dev[n] == CPU and op.type in CPU_WORKLOAD_TYPES:
+            op_wl[n] = (cpu_op_workload(op), 0)
+            attrs.set("workload", op_wl[n][0], U64)
         t = op.output
         if t is None:
             raise EmitError(f"op {n!r} has no output tensor")
-        tensor = _copy_tensor(t, f"{t.name}_download_0" if n in download else None)
+        # a const without data keeps where its bytes are (the program's blob came with the graph); the rest is placed
+        tensor = _copy_tensor(t, f"{t.name}_download_0" if n in download else None,
+                              keep_ddr=op.type == "const-fix" and not op.attrs.get("data"))
         out.add_op(n, op.type, ins, attrs, tensor)
         if n in download:
             d = download[n]
             dattrs = Attrs()
             dattrs.set("device", DPU, "string_value")
-            out.add_op(d, abi.DOWNLOAD, {"input": [n]}, dattrs, _copy_tensor(t, t.name, strip_ddr=True))
+            out.add_op(d, abi.DOWNLOAD, {"input": [n]}, dattrs, _copy_tensor(t, t.name))
         for k, s_name2 in enumerate(readers.get(n, [])):
             u = upload[(n, s_name2)]
             uattrs = Attrs()
             uattrs.set("device", DPU, "string_value")
             out.add_op(u, abi.UPLOAD, {"input": [download.get(n, n)]}, uattrs,
-                       _copy_tensor(t, f"{t.name}_upload_{k}", strip_ddr=True))
+                       _copy_tensor(t, f"{t.name}_upload_{k}"))
 
     # the subgraph tree
     root = Subgraph("root")
     total_wl = total_arch = 0
     for s in part.subgraphs:
         if s.device == DPU:
-            sg = _dpu_subgraph(out, graph, s, programs[s.name], target, options, download, upload)
+            sg = _dpu_subgraph(out, graph, s, programs[s.name], target, options, download, upload, op_wl)
         else:
             sg = Subgraph(s.name, list(s.ops))
             sg.attrs.set("device", s.device, "string_value")
             if s.device == CPU:
                 sg.attrs.set(abi.RUNNER, dict(CPU_RUNNERS), abi.SUBGRAPH_ATTR_KINDS[abi.RUNNER])
-            sg.attrs.set("workload", 0, U64)
+            sg.attrs.set("workload", sum(op_wl.get(o, (0, 0))[0] for o in s.ops), U64)
             sg.attrs.set("workload_on_arch", 0, U64)
         sg.parent = root
         root.children.append(sg)
@@ -279,6 +344,10 @@ def emit(graph: Graph, part: Partition, programs: dict[str, DpuProgram], target:
     root.attrs.set("workload", total_wl, U64)
     root.attrs.set("workload_on_arch", total_arch, U64)
     root.attrs.set("prefetch", bool(options.get("prefetch", False)), "bool_value")
+    root.attrs.set("fusion", bool(options.get("fuse", True)), "bool_value")
+    root.attrs.set("hd_opt", bool(options.get("hd_opt", False)), "bool_value")
+    for key, value, kind in ROOT_SWITCHES:
+        root.attrs.set(key, copy.deepcopy(value), kind)
     root.attrs.set("reserve_const_data", True, "bool_value")
     out.root = root
     if org_md5:
@@ -295,7 +364,8 @@ def emit(graph: Graph, part: Partition, programs: dict[str, DpuProgram], target:
 
 
 def _dpu_subgraph(out: Graph, graph: Graph, s: SubgraphPlan, prog: DpuProgram, target: Target, options: dict,
-                  download: dict[str, str], upload: dict[tuple[str, str], str]) -> Subgraph:
+                  download: dict[str, str], upload: dict[tuple[str, str], str],
+                  op_wl: dict[str, tuple[int, int]]) -> Subgraph:
     sg = Subgraph(s.name)
     kids: list[Subgraph] = []
 
@@ -319,7 +389,7 @@ def _dpu_subgraph(out: Graph, graph: Graph, s: SubgraphPlan, prog: DpuProgram, t
         ops = graph.toposort(ly.ops)
         wl = arch = 0
         for o in ops:
-            w, a = op_workload(graph, graph.ops[o], target)
+            w, a = op_wl.get(o, (0, 0))
             wl, arch = wl + w, arch + a
         c = child(ly.name, ops, wl, arch, skip=k not in used)       # a layer without instructions (aliases)
         layer_kids.append(c)
@@ -364,7 +434,280 @@ def _dpu_subgraph(out: Graph, graph: Graph, s: SubgraphPlan, prog: DpuProgram, t
         assert t is not None
         outputs.append(_spec(img, img.op_name, t))
     abi.write_interface(out, sg, inputs, outputs, prog.registers)
+    _place_consts(out, prog, target)
+    _place_members_and_on_chip(out, s, prog)
     return sg
+
+
+# ---- DDR placement of the tensors without an image of their own ------------------------------------------------
+class _Chunks:
+    """The `size`-byte chunks of `data` (the last may be shorter), sliced when asked for."""
+
+    def __init__(self, data: bytes, size: int):
+        self.data, self.size = data, size
+
+    def __len__(self) -> int:
+        return -(-len(self.data) // self.size)
+
+    def __getitem__(self, j: int) -> bytes:
+        return self.data[j * self.size:(j + 1) * self.size]
+
+
+class _Claims:
+    """Byte ranges of a parameter blob handed out to const tensors, searched only inside `ranges` (what the
+    program LOADs), each byte to one tensor at most."""
+
+    def __init__(self, blob: bytes, ranges: list[tuple[int, int]]):
+        self.blob = blob
+        self.ranges: list[tuple[int, int]] = []
+        for lo, hi in sorted(ranges):
+            if self.ranges and lo <= self.ranges[-1][1]:
+                self.ranges[-1] = (self.ranges[-1][0], max(hi, self.ranges[-1][1]))
+            else:
+                self.ranges.append((lo, hi))
+        self.taken: list[tuple[int, int]] = []
+        self.made: list[tuple[int, int]] = []            # the claims of the current `runs` call
+
+    def _inside(self, a: int, b: int) -> bool:
+        i = bisect.bisect_right(self.ranges, (a, 1 << 62)) - 1
+        return i >= 0 and b <= self.ranges[i][1]
+
+    def _free(self, a: int, b: int) -> bool:
+        i = bisect.bisect_right(self.taken, (a, 1 << 62))
+        return not ((i and self.taken[i - 1][1] > a) or (i < len(self.taken) and self.taken[i][0] < b))
+
+    def runs(self, data: bytes, size: int, careful: bool = False) -> list[tuple[int, int]] | None:
+        """Free places for the `size`-byte chunks of `data` in order, claimed (merged where adjacent); None (and
+        nothing claimed) when a chunk is nowhere free (`_fast`, or with `careful` `_careful`)."""
+        chunks = _Chunks(data, size)
+        at: list[int | None] = [None] * len(chunks)
+        self.made = []
+        if not (self._careful(chunks, at) if careful else self._fast(data, chunks, at, size)):
+            for claim in self.made:
+                self.taken.remove(claim)
+            return None
+        pos = np.array(at, dtype=np.int64)
+        ends = pos + size
+        ends[-1] = pos[-1] + len(chunks[len(at) - 1])
+        cut = np.flatnonzero(pos[1:] != ends[:-1]) + 1      # a run starts where a chunk does not follow the last
+        firsts, lasts = np.concatenate(([0], cut)), np.concatenate((cut, [len(at)])) - 1
+        return [(int(pos[a]), int(ends[b] - pos[a])) for a, b in zip(firsts, lasts)]
+
+    def _claim(self, at: list[int | None], j: int, a: int, n: int) -> None:
+        at[j] = a
+        self._take(a, a + n)
+
+    def _fast(self, data: bytes, chunks: "_Chunks", at: list[int | None], size: int) -> bool:
+        """Each chunk takes its first free place after the last chunk's (rows of one tensor lie close); once chunk j
+        is found right after chunk j - p (the rows of p CONVW banks), the chunks that follow that period are
+        claimed at once (`_bulk`)."""
+        hint, period, j = 0, 0, 0
+        end_of: dict[int, int] = {}
+        while j < len(chunks):
+            pat = chunks[j]
+            prev = at[j - period] if period and j >= period else None
+            c = prev + size if prev is not None else -1
+            if not (c >= 0 and self.blob[c:c + len(pat)] == pat and self._free(c, c + len(pat))
+                    and self._inside(c, c + len(pat))):
+                free = self._free_places(pat, 1, hint)
+                if not free:
+                    return False
+                c = free[0]
+                if not period and c in end_of:
+                    period = j - end_of[c]
+                    k = self._bulk(data, at, c, size, j, period)
+                    if k:
+                        j += k
+                        hint, period, end_of = int(at[j - 1] or 0) + size, 0, {}
+                        continue
+            self._claim(at, j, c, len(pat))
+            end_of[c + len(pat)] = j
+            hint = c + len(pat)
+            j += 1
+        return True
+
+    def _careful(self, chunks: "_Chunks", at: list[int | None]) -> bool:
+        """Chunks with one free place are claimed first, so a chunk that recurs (a row of zeros) cannot take a place
+        that overlaps a unique chunk's; when only recurring chunks are left, the first takes its first place."""
+        todo = list(range(len(chunks)))
+        while todo:
+            left, progress = [], False
+            for j in todo:
+                free = self._free_places(chunks[j], 2)
+                if not free:
+                    return False
+                if len(free) == 1:
+                    self._claim(at, j, free[0], len(chunks[j]))
+                    progress = True
+                else:
+                    left.append(j)
+            if left and not progress:
+                j = left.pop(0)
+                self._claim(at, j, self._free_places(chunks[j], 1)[0], len(chunks[j]))
+            todo = left
+        return True
+
+    def _bulk(self, data: bytes, at: list[int | None], first: int, size: int, j0: int, p: int) -> int:
+        """Claim chunks j0, j0+1, ... at once while they follow the period p (chunk j right after chunk j - p; chunk
+        j0 at `first`): the rows of p CONVW banks, each bank one run. The number claimed (0: none)."""
+        n = len(at)
+        known = [a for a in at[j0 - p:j0] if a is not None] if j0 >= p else []
+        if len(data) != n * size or len(known) != p or known[0] + size != first:
+            return 0
+        base = np.array(known, dtype=np.int64)
+        buf = np.frombuffer(self.blob, dtype=np.uint8)
+        want = np.frombuffer(data, dtype=np.uint8)[j0 * size:].reshape(n - j0, size)
+        k = n - j0
+        for o in range(min(p, k)):               # bank o's rows j0+o, j0+o+p, ... in one run after its row j0+o-p
+            rows = want[o::p]
+            lo = int(base[o]) + size
+            m = min(len(rows), max(0, (len(self.blob) - lo) // size))
+            same = (buf[lo:lo + m * size].reshape(m, size) == rows[:m]).all(axis=1)
+            first_bad = m if same.all() else int(np.argmin(same))
+            if first_bad < len(rows):
+                k = min(k, o + first_bad * p)
+        j = np.arange(j0, j0 + k)
+        pos = base[(j - j0) % p] + ((j - j0) // p + 1) * size
+        runs = [(int(base[o]) + size, int(base[o]) + size * (1 + len(range(o, k, p)))) for o in range(min(p, k))]
+        if not k or not all(self._inside(a, b) and self._free(a, b) for a, b in runs) or \
+                any(b > c for (_, b), (c, _) in zip(sorted(runs), sorted(runs)[1:])):
+            return 0
+        for a, b in runs:
+            self._take(a, b)
+        for i, v in enumerate(pos[:k].tolist()):
+            at[j0 + i] = v
+        return k
+
+    def _free_places(self, pat: bytes, most: int, start: int = 0) -> list[int]:
+        """Up to `most` free places of `pat`, searched from `start` on, then from the beginning."""
+        out: list[int] = []
+        spans = [(max(lo, start), hi) for lo, hi in self.ranges if hi > start]
+        spans += [(lo, min(hi, start + len(pat) - 1)) for lo, hi in self.ranges if lo < start]
+        for lo, hi in spans:
+            for i in self._finds(pat, lo, hi):
+                if self._free(i, i + len(pat)):
+                    out.append(i)
+                    if len(out) == most:
+                        return out
+        return out
+
+    def _take(self, a: int, b: int) -> None:
+        bisect.insort(self.taken, (a, b))
+        self.made.append((a, b))
+
+    def _finds(self, pat: bytes, lo: int, hi: int):
+        i = self.blob.find(pat, lo, hi)
+        while i >= 0:
+            yield i
+            i = self.blob.find(pat, i + 1, hi)
+
+
+def _const_bytes(op: Op) -> bytes | None:
+    """The int8 bytes of a const-fix op in tensor order (None: no data, or not one byte per element)."""
+    data, t = op.attrs.get("data"), op.output
+    if not data or t is None or len(data) != math.prod(int(d) for d in t.shape):
+        return None
+    return bytes(data)
+
+
+def _place_consts(out: Graph, prog: DpuProgram, target: Target) -> None:
+    """Locate each const tensor of the program's layers in the CONST register (reg_id, ddr_addr, location 1, as
+    AMD's): the bytes of its data, in tensor order, inside what its layer LOADs from that register (else what the
+    program LOADs). The code generator lays conv weights out per CONVW bank, so a tensor may lie in several runs
+    (rows of its output channels, or of its innermost dimension), listed in abi.DDR_RUNS."""
+    regs = [r for r, c in prog.registers.context.items() if c == abi.CONST and r in prog.registers.params]
+    if len(regs) != 1:
+        return
+    reg = regs[0]
+    blob = prog.registers.params[reg]
+    loads: dict[int, list[tuple[int, int]]] = {}
+    for ins, k in zip(prog.instructions, prog.layer_of):
+        if ins.op == "LOAD" and ins.fields.get("reg_id") == reg:
+            fp = footprint_of("LOAD", ins.fields, InitState(), target)
+            loads.setdefault(k, []).extend((lo, hi) for r, lo, hi in fp.reads.ddr_ranges() if r == reg)
+    every = _Claims(blob, [r for rs in loads.values() for r in rs])
+    for k, ly in enumerate(prog.layers):
+        consts = [(o, _const_bytes(out.ops[o])) for o in ly.ops if out.ops[o].type == "const-fix"]
+        todo = sorted(((o, d) for o, d in consts if d is not None), key=lambda x: -len(x[1]))
+        mine = _Claims(blob, loads.get(k, []))
+        mine.taken = every.taken                 # one set of claims: no byte serves two tensors
+        before = list(every.taken)
+        for careful in (False, True):            # the fast search, then (a tensor found no place) the careful one
+            every.taken[:] = before
+            found = _find_consts(out, todo, mine, every, careful)
+            if len(found) == len(todo):
+                break
+        for o, got in found.items():
+            abi.write_const_image(out.ops[o].output, reg, got)   # type: ignore[arg-type]
+
+
+def _find_consts(out: Graph, todo: list[tuple[str, bytes]], mine: "_Claims", every: "_Claims",
+                 careful: bool) -> dict[str, list[tuple[int, int]]]:
+    """The byte runs of each const of one layer: the whole tensor, else rows of dim 0, else rows of the last dim,
+    in the layer's LOADed bytes, else in the program's."""
+    found: dict[str, list[tuple[int, int]]] = {}
+    for where in (mine, every):
+        for level in range(3):
+            for o, d in todo:
+                if o in found:
+                    continue
+                shape = [int(v) for v in out.ops[o].output.shape]   # type: ignore[union-attr]
+                size = max(1, (len(d), len(d) // max(1, shape[0]) if shape else len(d),
+                               shape[-1] if shape else len(d))[level])
+                got = where.runs(d, size, careful)
+                if got is not None:
+                    found[o] = got
+    return found
+
+
+def _place_members_and_on_chip(out: Graph, s: SubgraphPlan, prog: DpuProgram) -> None:
+    """Give the subgraph's tensors that have no DDR image of their own what AMD's compiler gives them, from where
+    the code generator puts them: the source of a reshape (an alias) written straight into the reshape's image that
+    image, densely; a concat member written in place (no image, same fix point as its concat) the part of the
+    concat's image it fills (its offset along the concat axis, the concat's strides); a tensor read only inside its
+    own layer (the intermediate of a fused pair) `location` 0 (abi.write_on_chip). Others (views) keep none."""
+    ops = set(s.ops)
+    layer_of = {o: k for k, ly in enumerate(prog.layers) for o in ly.ops}
+
+    def placed(n: str) -> bool:
+        return abi.REG_ID in out.ops[n].output.attrs    # type: ignore[union-attr]
+
+    for n in reversed(out.toposort(list(s.ops))):     # chains of aliases share one image
+        op, src = out.ops[n], out.ops[n].input_ops()
+        t = op.output
+        if op.type not in ALIAS_TYPES or len(src) != 1 or src[0] not in ops or placed(src[0]) or not placed(n):
+            continue
+        st = out.ops[src[0]].output
+        assert t is not None and st is not None
+        if [int(v) for v in t.attrs.get(abi.STRIDE) or []] == list(abi.dense_strides(t.shape)):
+            abi.write_image(st, int(t.attrs[abi.REG_ID]), int(t.attrs[abi.DDR_ADDR]), abi.dense_strides(st.shape))
+
+    for n in out.toposort(list(s.ops)):              # in program order: a member of two concats is in the first's
+        op = out.ops[n]
+        t = op.output
+        if op.type != "concat-fix" or t is None or not placed(n) or abi.STRIDE not in t.attrs:
+            continue
+        rank = len(t.shape)
+        axis = int(op.attrs.get("axis", -1))
+        axis = axis + rank if axis < 0 else axis
+        stride = [int(v) for v in t.attrs[abi.STRIDE]]
+        off = 0
+        for i in op.inputs.get("input") or []:
+            it = out.ops[i].output
+            assert it is not None
+            if (i in ops and not placed(i) and out.ops[i].type not in VIEW_TYPES and it.fix_point == t.fix_point
+                    and len(it.shape) == rank):
+                abi.write_image(it, int(t.attrs[abi.REG_ID]), int(t.attrs[abi.DDR_ADDR]) + off * stride[axis], stride)
+            off += int(it.shape[axis]) if len(it.shape) == rank else 0
+    data = [r for r, c in sorted(prog.registers.context.items()) if c == abi.WORKSPACE] or \
+        [r for r, c in sorted(prog.registers.context.items()) if c != abi.CONST]
+    for n in s.ops:
+        op = out.ops[n]
+        if op.type in SKIP_TYPES or placed(n) or not data:
+            continue
+        cons = out.consumers(n)
+        if cons and all(c in layer_of and layer_of[c] == layer_of.get(n) for c in cons):
+            abi.write_on_chip(op.output, data[0])           # type: ignore[arg-type]
 
 
 def _check_abi(out: Graph, sg: Subgraph | None, prog: DpuProgram, download: dict[str, str],

@@ -5,7 +5,8 @@ Every op is placed first:
 * `const` / `const-fix` ops (weights, biases, constant operands) go with the subgraph of their consumers.
 * `fix2float` / `float2fix` and every float op (a type without `-fix`) run on the CPU: they compute in float.
 * a `*-fix` op goes to the DPU when `compiler.rules.place` puts it there *and* the code generator can compile it
-  (`compiler.codegen.unsupported` returns None); otherwise to the CPU, with the reason.
+  (`compiler.codegen.unsupported` returns None: the legality registry's check of its kind and the tiling planners'
+  check of its jobs, nothing emitted); otherwise to the CPU, with the reason.
 
 Then the placed ops are grouped, in topological order: an op joins the subgraph of its producers of the same
 device when that creates no cycle between subgraphs (a DPU op whose path to another DPU op passes through a CPU op
@@ -226,7 +227,7 @@ def _representative(graph: Graph, ops: list[str], device: str) -> str:
 
 
 def default_unsupported() -> Unsupported:
-    """The code generator's own refusal hook (`compiler.codegen.unsupported`)."""
+    """The code generator's own refusal hook (`compiler.codegen.unsupported`: legality, without emitting)."""
     from opendpu.compiler.codegen import unsupported
     return unsupported
 

@@ -8,8 +8,10 @@
 `PASSES` lists the passes in order; each is `Pass(name, fn, doc)` with `fn(ctx) -> ctx` over one
 `CompileContext`; a pass leaves a one-line summary of what it did in `ctx.summary` (printed through the `log`
 callback, kept in `ctx.summaries`). `compile(..., dump_after=["partition"])` keeps the context after a pass as JSON
-(`CompileResult.dumps`, written as `dump_after_<pass>.json`). The code generator's own steps (memory plan, tiling,
-instruction selection, banks, tokens, weight packing) run inside the `codegen` pass, one DPU subgraph at a time.
+(`CompileResult.dumps`, written as `dump_after_<pass>.json`). The code generator runs as three passes, each over
+every DPU subgraph (compiler.codegen's driver): `codegen_plan` (op kinds, interface, DDR image plan; dumped as the
+plans and the images they fix), `codegen_lower` (jobs, tiles, strips, fusion, each per-layer choice a LayerPlan;
+dumped as the layers and LayerPlans) and `codegen_order` (prefetch, tokens, registers; dumped as the programs).
 
 Options are vai_c_xir's `--options` keys (UG1414 Table 31): `input_shape` ("1,224,224,3", inputs separated by
 ";"; must equal the graph's static input shapes, since opendpu does not re-infer shapes; a 4-D shape in the xmodel's
@@ -34,7 +36,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from opendpu.compiler.codegen import CODEGEN_OPTIONS
+from opendpu.compiler.codegen import (CODEGEN_OPTIONS, CodegenOptions, Lowered, SubgraphPlan, choose, lowerings, order,
+                                      plan, timing_cycles)
+from opendpu.compiler.codegen.memory import MemoryPlan
 from opendpu.compiler.emit import emit, md5, meta_json
 from opendpu.compiler.partition import Partition, partition, shape_of
 from opendpu.compiler.program import DpuProgram
@@ -147,6 +151,8 @@ class CompileContext:
     recompile: bool = False
     graph: Graph | None = None                    # the canonical graph (after canonicalize)
     partition: Partition | None = None
+    plans: dict[str, SubgraphPlan] = field(default_factory=dict)          # codegen_plan, per DPU subgraph
+    lowered: dict[str, list[Lowered]] = field(default_factory=dict)     # codegen_lower (two: a contested pair)
     programs: dict[str, DpuProgram] = field(default_factory=dict)
     compiled: Graph | None = None
     org_bytes: bytes = b""
@@ -170,6 +176,11 @@ class CompileContext:
             d["graph"] = _graph_dict(self.graph)
         if self.partition is not None:
             d["partition"] = self.partition.to_dict()
+        if self.plans and not self.lowered:
+            d["codegen_plan"] = {k: dict(p.to_dict(), memory=_initial_images(self.graph, p))
+                                 for k, p in self.plans.items()}
+        if self.lowered and not self.programs:
+            d["codegen_lower"] = {k: [low.to_dict() for low in lows] for k, lows in self.lowered.items()}
         if self.programs:
             d["programs"] = {k: _program_dict(p) for k, p in self.programs.items()}
         if self.compiled is not None:
@@ -179,6 +190,12 @@ class CompileContext:
         if self.meta:
             d["meta"] = self.meta
         return d
+
+
+def _initial_images(g: Graph | None, p: SubgraphPlan) -> dict:
+    """The DDR images the plan fixes before lowering: the interface tensors and the aliases of outputs."""
+    assert g is not None
+    return MemoryPlan(g, p).to_dict()
 
 
 def _graph_dict(g: Graph) -> dict:
@@ -394,15 +411,45 @@ def p_partition(ctx: CompileContext) -> CompileContext:
     return ctx
 
 
-def p_codegen(ctx: CompileContext) -> CompileContext:
-    """One DpuProgram per DPU subgraph (compiler.codegen.generate: memory plan, tiles, instructions, banks,
-    tokens, weights)."""
-    from opendpu.compiler.codegen import CodegenOptions, generate
+def _codegen_options(ctx: CompileContext) -> CodegenOptions:
+    return CodegenOptions.from_options(ctx.options)
+
+
+def p_codegen_plan(ctx: CompileContext) -> CompileContext:
+    """The code generator's plan step per DPU subgraph (compiler.codegen.plan): every op's kind by the legality
+    registry, the interface, concat members in place, aliases, slack."""
     assert ctx.graph is not None and ctx.partition is not None
+    opts = _codegen_options(ctx)
+    ctx.plans = {s.name: plan(ctx.graph, s.ops, ctx.target, s.name, opts) for s in ctx.partition.dpu_subgraphs}
+    n = sum(len(p.compute) for p in ctx.plans.values())
+    ctx.summary = (f"{len(ctx.plans)} DPU subgraph(s), {n} ops to lower, "
+                   f"{sum(len(p.member_of) for p in ctx.plans.values())} concat member(s) in place")
+    return ctx
+
+
+def p_codegen_lower(ctx: CompileContext) -> CompileContext:
+    """The lower step per DPU subgraph (compiler.codegen.lower): jobs per op, tiles, strips, fusion, each choice a
+    LayerPlan timed on the cycle model; a subgraph with a contested pair lowered both ways."""
+    assert ctx.graph is not None
+    opts = _codegen_options(ctx)
+    ctx.lowered = {name: lowerings(ctx.graph, p, opts, ctx.cycles) for name, p in ctx.plans.items()}
+    first = [lows[0] for lows in ctx.lowered.values()]
+    ctx.summary = (f"{sum(len(low.layers) for low in first)} layers, {sum(len(low.ins) for low in first)} "
+                   f"instructions before ordering, {sum(len(low.plans) for low in first)} per-layer choices, "
+                   f"{sum(len(lows) > 1 for lows in ctx.lowered.values())} subgraph(s) lowered both ways")
+    return ctx
+
+
+def p_codegen_order(ctx: CompileContext) -> CompileContext:
+    """The order step per DPU subgraph (compiler.codegen.order): cross-layer prefetch, tokens, registers; of two
+    lowerings the faster. One DpuProgram per DPU subgraph."""
+    opts = _codegen_options(ctx)
     ctx.programs = {}
-    for s in ctx.partition.dpu_subgraphs:
-        ctx.programs[s.name] = generate(ctx.graph, s.ops, ctx.target, s.name, log=ctx.say,
-                                        options=CodegenOptions.from_options(ctx.options), cycles=ctx.cycles)
+    for name, lows in ctx.lowered.items():
+        prog = ctx.programs[name] = choose([order(low, opts) for low in lows], ctx.cycles)
+        st = prog.stats
+        ctx.say(f"{name}: {len(prog.layers)} layers, {st['instructions']} instructions, {st['const_bytes']} "
+                f"parameter bytes, {st['workspace_bytes']} workspace bytes")
     n = sum(len(p.instructions) for p in ctx.programs.values())
     ctx.summary = f"{len(ctx.programs)} DPU subgraph(s), {n} instructions"
     return ctx
@@ -427,7 +474,12 @@ PASSES: list[Pass] = [
     Pass("pool_split", p_pool_split, "single-output average pools too large for the banks in two passes "
          "(compiler.poolsplit)"),
     Pass("partition", p_partition, "USER / DPU / CPU subgraphs (compiler.rules, codegen refusals), no cycles"),
-    Pass("codegen", p_codegen, "one DpuProgram per DPU subgraph (compiler.codegen.generate)"),
+    Pass("codegen_plan", p_codegen_plan, "per DPU subgraph: op kinds (legality), interface, DDR image plan "
+         "(compiler.codegen.plan)"),
+    Pass("codegen_lower", p_codegen_lower, "per DPU subgraph: jobs, tiles, strips, fusion; each choice a LayerPlan "
+         "timed on the cycle model (compiler.codegen.lower)"),
+    Pass("codegen_order", p_codegen_order, "per DPU subgraph: prefetch, tokens, registers: one DpuProgram "
+         "(compiler.codegen.order)"),
     Pass("emit", p_emit, "the compiled xmodel, <net>_org.xmodel and meta.json (compiler.emit)"),
 ]
 PASS_NAMES = tuple(p.name for p in PASSES)
@@ -515,14 +567,6 @@ def check_name(name: str) -> str:
         raise CompileError(f"net name {name[:40]}... is {len(os.fsencode(name))} bytes long: its output file "
                            f"NAME_org.xmodel would be {longest} bytes, over the {NAME_MAX}-byte limit of a file name")
     return name
-
-
-def timing_cycles(target: Target, instructions) -> int:
-    """Total cycles of a (scratch or whole) instruction stream on `target`: sim.timing.simulate, timing only (the
-    one cycle model of the profiler, the sweeps and the compiler's decisions; the compiler imports nothing else
-    of sim)."""
-    from opendpu.sim.timing import simulate
-    return int(simulate(instructions, target).total_cycles)
 
 
 def compile(graph: Graph, target: "Target | str", *, name: str | None = None, recompile: bool = False,

@@ -105,7 +105,9 @@ class BankArray(wiring.Component):
         """The simulator-visible storage of line `ln` of bank `b` (for tests: ctx.get / ctx.set)."""
         if b in self.halves:
             return self.halves[b][ln & 1].data[ln >> 1]
-        return self.mems[b].data[ln]
+        mem = self.mems[b]
+        assert mem is not None                 # None only for a bank kept in `halves`
+        return mem.data[ln]
 
     def elaborate(self, platform):
         p = self.p

@@ -546,7 +546,7 @@ def run_jobs(b: Build, jobs: list[Job], workdir: str | Path | None = None, timeo
     import tempfile
     from .core import ADDR_BASE, BANK_STALLS, COUNTERS, DPU_STS, EXEC_CYCLE_HI, EXEC_CYCLE_LO, INSTR_ADDR_LO
     own_tmp = workdir is None
-    wd = Path(tempfile.mkdtemp(prefix="opendpu-rtl-")) if own_tmp else Path(workdir)
+    wd = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="opendpu-rtl-"))
     wd.mkdir(parents=True, exist_ok=True)
     lines = []
     metas = []
@@ -571,10 +571,10 @@ def run_jobs(b: Build, jobs: list[Job], workdir: str | Path | None = None, timeo
             raise HwError(f"job {job.name}: {job.ninstr} instructions exceed the trace memory "
                           f"({1 << TRACE_LOG2})")
         (wd / f"j{j}.imem.bin").write_bytes(words.astype(">u4").tobytes())
-        regs = [(INSTR_ADDR_LO, 0)] + [(ADDR_BASE + 8 * r, base[r]) for r in sorted(base)]
-        (wd / f"j{j}.regs.hex").write_text("".join(f"{a:04x}{v:08x}\n" for a, v in regs))
+        reg_writes = [(INSTR_ADDR_LO, 0)] + [(ADDR_BASE + 8 * r, base[r]) for r in sorted(base)]
+        (wd / f"j{j}.regs.hex").write_text("".join(f"{a:04x}{v:08x}\n" for a, v in reg_writes))
         lines.append(f"{wd / f'j{j}.ddr.bin'} {need} {wd / f'j{j}.imem.bin'} {len(words)} "
-                     f"{wd / f'j{j}.regs.hex'} {len(regs)} {wd / f'j{j}'} {min(job.max_cycles, (1 << 62))} "
+                     f"{wd / f'j{j}.regs.hex'} {len(reg_writes)} {wd / f'j{j}'} {min(job.max_cycles, (1 << 62))} "
                      f"{job.ninstr}")
         metas.append((base, need))
     (wd / "jobs.txt").write_text("\n".join(lines) + "\n")
@@ -594,7 +594,7 @@ def run_jobs(b: Build, jobs: list[Job], workdir: str | Path | None = None, timeo
             raise HwError(f"the RTL simulator produced no result for job {job.name} (see {wd})")
         rl = rf.read_text().split("\n")
         status, waited = rl[0].split()
-        regs = {}
+        regs: dict[int, int] = {}
         for ln in rl[1:]:
             if ln.strip():
                 a, v = ln.split()

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from opendpu.isa.errors import OpenDpuError
 
@@ -179,7 +180,7 @@ def parse_memories(log: str, sizes: dict[str, tuple[int, int]] | None = None) ->
     """What memory_libmap mapped each memory to (bram, uram, lutram, ff, or rom-logic for a ROM Yosys derived from
     a case statement), from the Yosys log; `sizes` ({name: (width, depth)}, matched on
     the last component of the hierarchical name) adds the shape."""
-    out = []
+    out: list[dict[str, Any]] = []
     for m in _MAP_VIA.finditer(log):
         out.append({"name": m.group(1), "mapped": _kind(m.group(2)), "via": m.group(2), "pos": m.start()})
     for m in _MAP_FF.finditer(log):
@@ -354,10 +355,10 @@ def run_yosys(cmd: list[str], ys: str, workdir: Path, timeout: float, progress=N
     peak_mb = max(peak_kb, rusage.ru_maxrss) / 1024
     log = _read(log_path)
     if proc.returncode != 0 or "End of script." not in log:
-        out = _read(workdir / "yosys.out")
-        errs = re.findall(r"^ERROR: .*$", log + "\n" + out, flags=re.M)
-        why = errs[-1] if errs else (out.strip().splitlines() or ["no output"])[-1]
-        if "Wasm exception" in out or "wasm trap" in out.lower():
+        text = _read(workdir / "yosys.out")
+        errs = re.findall(r"^ERROR: .*$", log + "\n" + text, flags=re.M)
+        why = errs[-1] if errs else (text.strip().splitlines() or ["no output"])[-1]
+        if "Wasm exception" in text or "wasm trap" in text.lower():
             why = f"the WebAssembly Yosys stopped ({why.strip()})"
             if peak_mb > WASM_LIMIT_MB * 0.9:
                 why += (f"; peak {peak_mb:.0f} MB is at the 4 GiB limit of 32-bit WebAssembly: out of memory "
@@ -399,7 +400,7 @@ def synth_verilog(verilog_text: str, top: str, *, family: str = FAMILY, timeout:
         raise
     cells = parse_stat(_read(workdir / "stat.txt"), all_modules=not flatten)
     mems = parse_memories(run["log"], sizes)
-    res = {"top": top, "family": family, "yosys": version}
+    res: dict[str, Any] = {"top": top, "family": family, "yosys": version}
     res.update(summarize_cells(cells))
     res.update(_memory_summary(mems))
     if mapped_only:              # LUTs and FFs are not mapped yet: no figures rather than partial ones

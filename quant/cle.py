@@ -135,6 +135,12 @@ def find_pairs(prep: Prepared, relu6: bool = False, hswish: bool = False) -> lis
     return pairs
 
 
+def _weight(n: QNode) -> np.ndarray:
+    """The weights of a conv-like node (every layer CLE pairs has them)."""
+    assert n.weight is not None
+    return n.weight
+
+
 def equalize(prep: Prepared, steps: int = 10, relu6: bool = False, hswish: bool = False) -> list[dict]:
     """Equalize every pair of `prep` in place, `steps` passes; returns one record per pair (`Pair.record`): the
     layers, the ops between, the range of the scales, and the channel-range spread (log2 max/min) of both weight
@@ -142,14 +148,14 @@ def equalize(prep: Prepared, steps: int = 10, relu6: bool = False, hswish: bool 
     pairs = find_pairs(prep, relu6, hswish)
     if not pairs:
         return []
-    before = {id(p): (_spread(_ranges(p.first.weight, _out_axis(p.first))),
-                      _spread(_ranges(p.second.weight, _in_axis(p.second)))) for p in pairs}
+    before = {id(p): (_spread(_ranges(_weight(p.first), _out_axis(p.first))),
+                      _spread(_ranges(_weight(p.second), _in_axis(p.second)))) for p in pairs}
     w = {}                                   # float64 working copies, written back once
     b = {}
     for p in pairs:
         for n in (p.first, p.second):
             if n.name not in w:
-                w[n.name] = n.weight.astype(np.float64)
+                w[n.name] = _weight(n).astype(np.float64)
                 b[n.name] = n.bias.astype(np.float64) if n.bias is not None else None
     for _ in range(steps):
         for p in pairs:
@@ -167,10 +173,11 @@ def equalize(prep: Prepared, steps: int = 10, relu6: bool = False, hswish: bool 
     for p in pairs:
         for n in (p.first, p.second):
             n.weight = w[n.name].astype(np.float32)
-            if b[n.name] is not None:
-                n.bias = b[n.name].astype(np.float32)
-    return [p.record(before[id(p)], (_spread(_ranges(p.first.weight, _out_axis(p.first))),
-                                     _spread(_ranges(p.second.weight, _in_axis(p.second))))) for p in pairs]
+            bias = b[n.name]
+            if bias is not None:
+                n.bias = bias.astype(np.float32)
+    return [p.record(before[id(p)], (_spread(_ranges(_weight(p.first), _out_axis(p.first))),
+                                     _spread(_ranges(_weight(p.second), _in_axis(p.second))))) for p in pairs]
 
 
 def absorb_candidates(prep: Prepared, records: list[dict]) -> list[tuple[QNode, QNode]]:
@@ -194,9 +201,10 @@ def absorb_bias(pairs: list[tuple[QNode, QNode]], mins: dict[str, np.ndarray]) -
         c = np.maximum(np.asarray(mins[n1.name], np.float64), 0.0)
         if not np.any(c > 0):
             continue
-        w2 = n2.weight.astype(np.float64)
+        w2 = _weight(n2).astype(np.float64)
         add = w2.sum(axis=(2, 3)) @ c if n2.kind == "conv" else w2[:, 0].sum(axis=(1, 2)) * c
         b2 = np.zeros(w2.shape[0]) if n2.bias is None else n2.bias.astype(np.float64)
+        assert n1.bias is not None                  # absorb_candidates keeps layers with a bias
         n1.bias = (n1.bias.astype(np.float64) - c).astype(np.float32)
         n2.bias = (b2 + add).astype(np.float32)
         recs.append({"first": n1.name, "second": n2.name, "channels": int(np.sum(c > 0)), "max_shift": float(c.max())})

@@ -4,11 +4,15 @@ hard-sigmoid constants) that produces the golden dumps and the accuracy estimate
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from opendpu.compiler.fixpoint import HSIGMOID_SLOPE, LEAKY_ALPHA, avg_pool_factor
 from opendpu.quant.prepare import Prepared, QNode
+
+if TYPE_CHECKING:                  # onnx is imported where a model is built
+    import onnx
 
 HSIG_A = HSIGMOID_SLOPE        # the DPU's 1/6 = 2731/16384 (spec §7.6)
 TIE_BITS = 16                  # QDQ tie-break offset 2^-(fp+16): 1/65536 LSB, one float32 ulp at 64..128 LSB
@@ -54,10 +58,12 @@ class _Emitter:
     def __init__(self, prep: Prepared, mode: str, qp: QParams | None, all_outputs: bool, batch):
         from onnx import helper
         self.h = helper
-        self.prep, self.mode, self.qp = prep, mode, qp
+        self.prep, self.mode = prep, mode
+        self.qp = qp if qp is not None else QParams()     # float mode (qp None) reads none of it
         self.all_outputs = all_outputs
         self.batch = batch
-        self.nodes, self.inits = [], []
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
         self.k = 0
         self._consts: dict = {}
         self.shapes = {n.name: n.shape for n in prep.nodes}
@@ -111,6 +117,7 @@ class _Emitter:
         qp = self.qp
         if self.mode == "float" or not n.quantized:
             arr = n.weight if which == "w" else n.bias
+            assert arr is not None                   # only nodes with weights (and a bias) are asked
             return self.const(arr.astype(np.float32), f"{n.name}.{which}")
         q = (qp.w_q if which == "w" else qp.b_q)[n.name]
         fp = (qp.w_fp if which == "w" else qp.b_fp)[n.name]
@@ -167,6 +174,7 @@ class _Emitter:
         k = n.kind
         if k in ("conv", "dwconv"):
             a = n.attrs
+            assert n.weight is not None
             C = n.weight.shape[0]
             pre = raw if n.act == "NONE" else self.uid(n.name + "_conv")
             self.node("Conv", [ins[0], self.weights(n, "w"), self.weights(n, "b")], pre, name=n.name,
@@ -230,9 +238,9 @@ class _Emitter:
             # "dpu": the int8 slopes α_q·2^-s; x·α is then exact in float32 (8 by 8 bits), so the activation
             # quantizer after it rounds as the ALU and the reference do (spec §6.8, §7.7)
             slope = self.weights(n, "w")
-            if len(n.shape) > 2 and n.weight.size > 1:
-                shp = self.const(np.array([-1] + [1] * (len(n.shape) - 2), np.int64), n.name + ".slope_shape")
-                slope = self.node("Reshape", [slope, shp])
+            if len(n.shape) > 2 and n.weight is not None and n.weight.size > 1:
+                slope_shape = self.const(np.array([-1] + [1] * (len(n.shape) - 2), np.int64), n.name + ".slope_shape")
+                slope = self.node("Reshape", [slope, slope_shape])
             return self.node("PRelu", [ins[0], slope], raw, name=n.name)
         if k == "hsigmoid":
             if self.mode == "float" or not n.quantized:

@@ -193,8 +193,10 @@ def torch_to_onnx(module, example_input, opset: int = 17):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            torch.onnx.export(module.eval(), (x.float(),), buf, dynamo=False, opset_version=opset,
-                              do_constant_folding=True, input_names=["input"], output_names=["output"])
+            # torch annotates f as a path, but the TorchScript exporter (dynamo=False) writes to a file object too
+            torch.onnx.export(module.eval(), (x.float(),), buf, dynamo=False,  # type: ignore[arg-type]
+                              opset_version=opset, do_constant_folding=True, input_names=["input"],
+                              output_names=["output"])
         except Exception as e:
             raise QuantError(f"PYTORCH_TRACE: export of {type(module).__name__} failed: {e}") from None
     m = onnx.load_from_string(buf.getvalue())
@@ -264,7 +266,8 @@ def _static_input_shapes(m, source: str, input_shape=None) -> list[tuple[str, li
     return out
 
 
-def _fold(node: Node, vals: list[np.ndarray], opset: int) -> list[np.ndarray]:
+def _fold(node: Node, vals: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
+    """The outputs of `node` evaluated on constant inputs (None: an omitted optional input)."""
     import onnx
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
@@ -275,6 +278,7 @@ def _fold(node: Node, vals: list[np.ndarray], opset: int) -> list[np.ndarray]:
             continue
         nm = f"i{i}"
         ins.append(nm)
+        assert v is not None                   # only an omitted (unnamed) input has no value
         feeds[nm] = v
     outs = [f"o{i}" for i in range(len(node.outputs))]
     nd = helper.make_node(node.op_type, ins, outs, **node.attrs)

@@ -179,7 +179,7 @@ class _Prep:
             return t, "NONE", None, []          # (another leaky slope: its own op, a one-slope PReLU)
         self.mark(c)
         act, alpha = a
-        if act == "LEAKYRELU":
+        if act == "LEAKYRELU" and alpha is not None:        # (a leaky activation always has its slope)
             alpha = self.leaky(c, alpha)
         return c.outputs[0], act, alpha, [c.name]
 
@@ -354,7 +354,7 @@ class _Prep:
 
     def generic_attrs(self, node: Node, out_index: int) -> dict:
         """A float (CPU) op that is the ONNX node itself: constant operands kept, feature maps by position."""
-        spec = []
+        spec: list[tuple[str, object]] = []
         for i in node.inputs:
             if not i:
                 spec.append(("none", None))
@@ -420,8 +420,7 @@ class _Prep:
         self.notes.append(f"[VAIQ_WARN][QUANTIZER_TORCH_FLOAT_OP]: {node.name}: {node.op_type} has no fix-point "
                           f"form and stays float (CPU)")
         self.add(QNode(node.name, "float", [x.name], self.shape(node.outputs[0]), attrs, sources=[node.name],
-                       device="CPU", reason=f"{node.op_type.lower()} is not supported by the DPU"),
-                 node.outputs[0])
+                       device="CPU", reason=f"{node.op_type.lower()} is not supported by the DPU"), node.outputs[0])
         m = self.silu_mul(node) if node.op_type == "Sigmoid" else None
         if m is not None:       # SiLU stays whole on the CPU: x*sigmoid(x) in float, quantized once after it
             self.cpu_node(m, "SiLU x*sigmoid(x): the DPU has no sigmoid, so the product stays with it on the CPU "
@@ -601,7 +600,7 @@ class _Prep:
         if not _dpu_leaky(alpha):
             self.notes.append(f"{node.name}: LeakyReLU slope {alpha:g} is not the DPU's 26/256: it runs as a "
                               f"one-slope PReLU")
-            self._prelu(node, self.src(node, node.inputs[0]), np.float32([alpha]))
+            self._prelu(node, self.src(node, node.inputs[0]), np.array([alpha], np.float32))
             return
         self._act_node(node, "LEAKYRELU", self.leaky(node, alpha))
 
@@ -824,7 +823,7 @@ class _Prep:
             raise self.err(node, f"pooling needs a 4-D NCHW input, got {x.shape}")
         a = node.attrs
         if glob:
-            geo = {"kernel": [x.shape[2], x.shape[3]], "strides": [1, 1], "pads": [0, 0, 0, 0], "global": True}
+            geo: dict = {"kernel": [x.shape[2], x.shape[3]], "strides": [1, 1], "pads": [0, 0, 0, 0], "global": True}
         else:
             k = _ints(a.get("kernel_shape"), 2, (1, 1))
             geo = self._conv_geom(node, x.shape, k[0], k[1])
@@ -958,10 +957,10 @@ class _Prep:
             and f.inputs[0] == node.outputs[0] else None
         K = int(np.prod(x.shape[1:])) if rank else 0
         B = self.const(g.inputs[1]) if g is not None and len(g.inputs) > 1 else None
-        ok = rank == 4 and perm[0] == 0 and g is not None and g.inputs[0] == f.outputs[0] and B is not None \
-            and B.ndim == 2 and self.shape(f.outputs[0]) == [x.shape[0], K] and \
+        ok = rank == 4 and perm[0] == 0 and f is not None and g is not None and g.inputs[0] == f.outputs[0] \
+            and B is not None and B.ndim == 2 and self.shape(f.outputs[0]) == [x.shape[0], K] and \
             ((g.op_type == "Gemm" and not int(g.attrs.get("transA", 0))) or g.op_type == "MatMul")
-        if not ok:
+        if not ok or f is None or g is None or B is None:        # (ok implies all three)
             raise self.err(node, f"Transpose {perm} of a {x.shape} tensor is not supported on the DPU (only one "
                                  f"that feeds Flatten/Reshape + Gemm/MatMul, where it folds into the weights)")
         tshape = [x.shape[p] for p in perm]
@@ -1011,14 +1010,15 @@ class _Prep:
 
     def op_Slice(self, node: Node) -> None:
         x = self.src(node, node.inputs[0])
-        vals = []
+        vals: list[list[int] | None] = []
         for i in node.inputs[1:]:
             v = self.const(i) if i else None
             if i and v is None:
                 raise self.err(node, f"slice bound {i!r} is not a constant")
             vals.append(None if v is None else [int(t) for t in np.reshape(v, -1)])
-        starts, ends = vals[0], vals[1]
-        rank = len(x.shape)
+        starts, ends, rank = vals[0], vals[1], len(x.shape)
+        if starts is None or ends is None:
+            raise self.err(node, "Slice needs its starts and ends inputs")
         axes = vals[2] if len(vals) > 2 and vals[2] is not None else list(range(len(starts)))
         steps = vals[3] if len(vals) > 3 and vals[3] is not None else [1] * len(starts)
         ranges = {}
@@ -1048,7 +1048,7 @@ class _Prep:
         mode = node.attrs.get("mode", b"constant")
         mode = mode.decode() if isinstance(mode, bytes) else mode
         val = self.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else 0.0
-        p = [int(v) for v in np.reshape(pads, -1)]
+        p = [int(v) for v in np.reshape(pads, -1)] if pads is not None else []       # none: refused below
         if mode != "constant" or float(np.reshape(val, -1)[0] if np.size(val) else 0.0) != 0.0 or len(p) != 8 \
                 or any(p[i] for i in (0, 1, 4, 5)) or min(p) < 0:
             raise self.err(node, "only zero padding of H and W that feeds a conv is supported")

@@ -16,6 +16,7 @@ import numpy as np
 from opendpu.compiler import fixpoint as F
 from opendpu.compiler.xir.graph import dump_stem
 from opendpu.isa.jsonin import check_depth
+from opendpu.isa.target import Target
 from opendpu.quant import calib as C
 from opendpu.quant.conv_params import CONV_KINDS, quantize_conv_params
 from opendpu.quant.emit import QParams, avg_geometry, emit_onnx, session, value_name
@@ -323,7 +324,7 @@ def output_classes(model, input_shape=None) -> int | None:
 # --------------------------------------------------------------------------------------------------
 
 class _Groups:
-    def __init__(self):
+    def __init__(self) -> None:
         self.parent: dict[str, str] = {}
 
     def find(self, a: str) -> str:
@@ -453,7 +454,7 @@ class QuantResult:
     prep: Prepared
     qp: QParams
     config: QuantConfig
-    target: object | None
+    target: Target | None
     placements: dict
     adjustments: list
     calib_samples: int
@@ -556,11 +557,11 @@ class QuantResult:
     def evaluate(self, x: np.ndarray, y: np.ndarray | None = None, batch: int = 64) -> dict:
         """Float vs quantized (DPU fake-quant) outputs on a dataset: top-1 agreement, accuracy if labels."""
         out = self.prep.outputs[0]
-        fl, qu = [], []
+        fl_parts, qu_parts = [], []
         for i in range(0, len(x), batch):
-            fl.append(self.run(x[i:i + batch], "float", [out])[out])
-            qu.append(self.run(x[i:i + batch], "dpu", [out])[out])
-        fl, qu = np.concatenate(fl), np.concatenate(qu)
+            fl_parts.append(self.run(x[i:i + batch], "float", [out])[out])
+            qu_parts.append(self.run(x[i:i + batch], "dpu", [out])[out])
+        fl, qu = np.concatenate(fl_parts), np.concatenate(qu_parts)
         fa, qa = fl.reshape(len(fl), -1).argmax(1), qu.reshape(len(qu), -1).argmax(1)
         err = fl.astype(np.float64) - qu
         res = {"samples": int(len(x)), "top1_agreement": float(np.mean(fa == qa)),
@@ -609,7 +610,7 @@ class QuantResult:
         t = self.target
         cov = self.coverage()
         lines = []
-        if cov is not None:
+        if cov is not None and t is not None:        # a coverage comes with a target
             from opendpu.compiler.partition import format_coverage, target_label
             lines.append(format_coverage(cov, target_label(t)))
         lines += [f"opendpu quantize report: {self.model_name}",
@@ -754,7 +755,7 @@ def _weights(prep: Prepared, cfg: QuantConfig, qp: QParams) -> list[dict]:
     adjustments."""
     lifted = []
     for n in prep.nodes:
-        if n.kind in CONV_KINDS and n.quantized:
+        if n.kind in CONV_KINDS and n.quantized and n.weight is not None:     # (conv-like ops have weights)
             fp = C.weight_fix_point(n.weight, method=cfg.wmethod, bit_width=8, round_mode=cfg.weight_round)
             if cfg.weight_fp_lift and fp == C.default_max_fix_point(8) and np.any(n.weight):
                 raw = C.weight_fix_point(n.weight, method=cfg.wmethod, bit_width=8, round_mode=cfg.weight_round,
@@ -864,7 +865,7 @@ def quantize(model, calib, target=None, config: QuantConfig | None = None, quant
         elif n.kind != "pad":
             need.append(n.name)
     t2 = time.perf_counter()
-    observers = {}
+    observers: dict[str, C.Observer] = {}
     if qi is None:
         raw = _calibrate(prep, cfg, x, need, observers, progress)
     else:

@@ -27,6 +27,7 @@ import numpy as np
 
 from opendpu.compiler.fixpoint import LEAKY_ALPHA, hsigmoid_fields
 from opendpu.compiler.frontend import (FUSABLE_TYPES, FrontendError, _Names, copy_attrs, copy_tensor, float_tensor)
+from opendpu.compiler.frontend_common import _t
 from opendpu.compiler.xir.graph import Attrs, Graph, Op, Tensor
 
 COARSE = {"conv2d-fix": "conv2d", "depthwise-conv2d-fix": "depthwise-conv2d",
@@ -73,7 +74,7 @@ class _ToVaiQ:
 
     def tail(self, op: Op, coarse: str, nl: str = "NONE", alpha=None) -> None:
         """After the float op `coarse`: the activation of `nl`, then the fix carrying op's tensor name."""
-        t = op.output
+        t = _t(op)
         x = coarse
         if nl not in ("NONE", ""):
             if nl not in ACT_OPS:
@@ -99,7 +100,7 @@ class _ToVaiQ:
         r = g.ops.get(f"{c.name}_reshape")
         if r is None or cons != [r.name] or r.type != "reshape-fix" or r.input_ops() != [c.name]:
             return
-        ct, rt = c.output, r.output
+        ct, rt = _t(c), _t(r)
         if len(rt.shape) != 2 or int(rt.shape[0]) != 1 or [int(d) for d in ct.shape] != [1, 1, 1, int(rt.shape[1])] \
                 or self.fix_params(ct) != self.fix_params(rt) or set(r.attrs) != {"shape"}:
             return
@@ -108,7 +109,7 @@ class _ToVaiQ:
         if len(ins) != 1 or len(w) != 1 or len(b) > 1 or g.consumers(w[0]) != [c.name]:
             return
         x = g.ops[ins[0]]
-        xs = [int(d) for d in x.output.shape]
+        xs = [int(d) for d in _t(x).shape]
         if len(xs) != 4 or xs[0] != 1:
             return
         want = {"kernel": [xs[2], xs[1]], "stride": [1, 1], "pad": [0, 0, 0, 0], "pad_mode": "FLOOR",
@@ -122,8 +123,8 @@ class _ToVaiQ:
         if x.name == f"{c.name}_to4d" and x.type == "reshape-fix" and g.consumers(x.name) == [c.name] \
                 and xs[1:3] == [1, 1] and len(x.input_ops()) == 1 and set(x.attrs) == {"shape"}:
             src = g.ops[x.input_ops()[0]]
-            if len(src.output.shape) == 2 and src.output.is_fixed and self.fix_params(src.output) == self.fix_params(
-                    x.output):
+            if len(_t(src).shape) == 2 and _t(src).is_fixed and self.fix_params(_t(src)) == self.fix_params(
+                    _t(x)):
                 to4d = x.name
         self.dense[c.name] = (r.name, to4d or x.name, to4d)
         self.dense_w[w[0]] = c.name
@@ -139,7 +140,7 @@ class _ToVaiQ:
         if to4d:
             inp = self.val[src.name]
         else:
-            _, H, W, C = (int(d) for d in x.output.shape)
+            _, H, W, C = (int(d) for d in _t(x).shape)
             tr = self.emit(f"{c.name}_transpose", "transpose", {"input": [self.val[x.name]]},
                            Attrs([("order", [0, 3, 1, 2])]),
                            float_tensor(self.names.tensor(f"{c.name}_transpose"), [1, C, H, W]))
@@ -149,9 +150,9 @@ class _ToVaiQ:
         ins: dict[str, list[str]] = {"input": [inp, self.val[c.inputs["weights"][0]]]}
         if c.inputs.get("bias"):
             ins["bias"] = [self.val[c.inputs["bias"][0]]]
-        n = int(r.output.shape[1])
+        n = int(_t(r).shape[1])
         m = self.emit(c.name, "matmul", ins, Attrs([("transpose_a", False), ("transpose_b", True)]),
-                      float_tensor(self.names.tensor(f"{r.output.name}_float"), [1, n]), exact=True)
+                      float_tensor(self.names.tensor(f"{_t(r).name}_float"), [1, n]), exact=True)
         self.tail(r, m, str(c.attrs.get("nonlinear", "NONE")), c.attrs.get("LEAKYRELU_alpha"))
 
     def dense_weights(self, op: Op, q: np.ndarray) -> np.ndarray:
@@ -181,17 +182,17 @@ class _ToVaiQ:
     def k_data_fix(self, op: Op) -> None:
         a = copy_attrs(op.attrs)
         a.set("data_type", "FLOAT32")
-        d = self.emit(op.name, "data", {}, a, self.coarse_tensor(op.output), exact=True)
+        d = self.emit(op.name, "data", {}, a, self.coarse_tensor(_t(op)), exact=True)
         self.tail(op, d)
 
     def k_const_fix(self, op: Op) -> None:
-        t = op.output
+        t = _t(op)
         fp = t.fix_point
         data = op.attrs.get("data")
         n = int(np.prod(t.shape, dtype=np.int64)) if t.shape else 1
         if fp is None or not isinstance(data, (bytes, bytearray)) or len(data) != n:
             raise self.err(op, f"needs {n} int8 data bytes and a fix point")
-        q = np.frombuffer(bytes(data), np.int8).reshape([int(d) for d in t.shape])
+        q: np.ndarray = np.frombuffer(bytes(data), np.int8).reshape([int(d) for d in t.shape])
         if op.name in self.dense_w:
             q = self.dense_weights(self.g.ops[self.dense_w[op.name]], q)
         v = np.ldexp(q.astype(np.float32), -int(fp))          # exact: q·2^-fp of an int8 q
@@ -207,7 +208,7 @@ class _ToVaiQ:
 
     def _coarse(self, op: Op, typ: str, drop=NL_ATTRS) -> None:
         a = copy_attrs(op.attrs, drop)
-        c = self.emit(op.name, typ, self.ins(op), a, self.coarse_tensor(op.output), exact=True)
+        c = self.emit(op.name, typ, self.ins(op), a, self.coarse_tensor(_t(op)), exact=True)
         self.tail(op, c, str(op.attrs.get("nonlinear", "NONE")) if "nonlinear" in drop else "NONE",
                   op.attrs.get("LEAKYRELU_alpha"))
 
@@ -238,7 +239,7 @@ class _ToVaiQ:
     def k_tile_fix(self, op: Op) -> None:
         """tile-fix (stride, reverse) -> reorg (scale, reverse), the float op `from_vai_q` reads back."""
         a = Attrs([("scale", int(op.attrs.get("stride", 1))), ("reverse", bool(op.attrs.get("reverse", False)))])
-        c = self.emit(op.name, "reorg", self.ins(op), a, self.coarse_tensor(op.output), exact=True)
+        c = self.emit(op.name, "reorg", self.ins(op), a, self.coarse_tensor(_t(op)), exact=True)
         self.tail(op, c)
 
     def k_reshape_fix(self, op: Op) -> None:
@@ -246,7 +247,7 @@ class _ToVaiQ:
 
     def k_hard_sigmoid_fix(self, op: Op) -> None:
         x = self.g.ops[op.input_ops()[0]]
-        fin, fout = x.output.fix_point, op.output.fix_point
+        fin, fout = _t(x).fix_point, _t(op).fix_point
         want = hsigmoid_fields(int(fin or 0), int(fout or 0), check=False)
         have = (op.attrs.get("hsigmoid_in"), op.attrs.get("shift_hsigmoid"))
         if fin is None or fout is None or tuple(have) != tuple(want):
@@ -262,7 +263,7 @@ class _ToVaiQ:
         if typ == "AVG":
             a.set("count_include_invalid", True)           # pool-fix divides by the full window, ceil mode too
         c = self.emit(op.name, "maxpool2d" if typ == "MAX" else "avgpool2d", self.ins(op), a,
-                      self.coarse_tensor(op.output), exact=True)
+                      self.coarse_tensor(_t(op)), exact=True)
         self.tail(op, c)
 
     def k_eltwise_fix(self, op: Op) -> None:
@@ -272,7 +273,7 @@ class _ToVaiQ:
         if typ in ("ADD", "MUL") and len(xs) >= 2:
             return self._coarse(op, "add" if typ == "ADD" else "mul", ("type",) + NL_ATTRS)
         x = self.val[xs[0]] if len(xs) == 1 else None
-        t = op.output
+        t = _t(op)
         if x is not None and typ == "ADD" and set(op.attrs) <= {"type", "nonlinear"} and nl in ACT_OPS \
                 and nl != "LEAKYRELU":
             a = self.emit(op.name, ACT_OPS[nl], {"input": [x]}, Attrs(), self.coarse_tensor(t), exact=True)
@@ -293,7 +294,7 @@ class _ToVaiQ:
                            f"vai_q form")
 
     def k_float2fix(self, op: Op) -> None:
-        t = op.output
+        t = _t(op)
         self.val[op.name] = self.emit(op.name, "fix", {"input": [self.val[op.input_ops()[0]]]}, self.fix_params(t),
                                       float_tensor(t.name, t.shape), exact=True)
 
@@ -301,12 +302,12 @@ class _ToVaiQ:
         self.val[op.name] = self.val[op.input_ops()[0]]
 
     def k_float(self, op: Op) -> None:
-        if op.output.is_fixed:
+        if _t(op).is_fixed:
             raise self.err(op, "produces a fixed-point tensor but is no quantizer op")
         a = copy_attrs(op.attrs)
         if op.type in FUSABLE_TYPES and "device" not in a:
             a.set("device", "CPU")                        # placed on the CPU by the quantizer: keep it float
-        self.val[op.name] = self.emit(op.name, op.type, self.ins(op), a, copy_tensor(op.output), exact=True)
+        self.val[op.name] = self.emit(op.name, op.type, self.ins(op), a, copy_tensor(_t(op)), exact=True)
 
 
 def to_vai_q(graph: Graph) -> Graph:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from opendpu.compiler.fixpoint import LEAKY_ALPHA, hsigmoid_fields
+from opendpu.compiler.frontend_common import _t
 from opendpu.compiler.xir.graph import DATA_TYPE_CODES, Graph, Tensor
 from opendpu.quant.emit import QParams, opset_of
 from opendpu.quant.prepare import Prepared, QNode
@@ -50,7 +51,7 @@ def xir_weights(n: QNode, q: np.ndarray) -> np.ndarray:
 
 def act_attrs(n: QNode) -> dict:
     """XIR `nonlinear` (and `LEAKYRELU_alpha`) of a conv-like node."""
-    out = {"nonlinear": n.act}
+    out: dict[str, str | float] = {"nonlinear": n.act}
     if n.act == "LEAKYRELU":
         out["LEAKYRELU_alpha"] = float(n.attrs.get("alpha") or LEAKY_ALPHA)
     return out
@@ -85,7 +86,7 @@ class _Builder:
             return self.fixed[src]
         fl = self.floated[src]
         fp = self.qp.act_fp[src]
-        shape = self.g.ops[fl].output.shape
+        shape = _t(self.g.ops[fl]).shape
         name = f"{src}_float2fix"
         self.op(name, "float2fix", {"input": [fl]}, {"fix_point": fp, "bit_width": 8, "if_signed": True,
                                                       "round_mode": "DPU_ROUND"}, fix_tensor(name, shape, fp))
@@ -96,7 +97,7 @@ class _Builder:
         if src in self.floated:
             return self.floated[src]
         fx = self.fixed[src]
-        t = self.g.ops[fx].output
+        t = _t(self.g.ops[fx])
         name = f"{src}_fix2float"
         self.op(name, "fix2float", {"input": [fx]}, {"fix_point": t.fix_point, "bit_width": 8, "if_signed": True},
                 float_tensor(name, t.shape))
@@ -130,6 +131,7 @@ class _Builder:
         k, a = n.kind, n.attrs
         main = n.name if n.act == "NONE" or k in ("conv", "dwconv", "tconv") else n.name + "_op"
         if k in ("conv", "dwconv", "tconv"):
+            assert n.weight is not None and n.bias is not None        # prepare gives every conv-like op both
             w = self.fconst(f"{n.name}_weights", xir_weights(n, n.weight))
             b = self.fconst(f"{n.name}_bias", n.bias.reshape(-1))
             attrs = geom_attrs(n)
@@ -160,6 +162,7 @@ class _Builder:
         elif k == "hsigmoid":
             self.op(main, "hard-sigmoid", {"input": ins}, {}, float_tensor(main, shape))
         elif k == "prelu":
+            assert n.weight is not None
             w = self.fconst(f"{n.name}_slope", xir_weights(n, n.weight))
             self.op(main, "prelu", {"input": ins, "weight": [w]}, {}, float_tensor(main, shape))
         elif k == "reshape":
@@ -287,11 +290,12 @@ class _Builder:
         """An ONNX node kept as it is (`onnx-op`, run by the CPU in ONNX's NCHW layout): 4-D feature maps are
         transposed NHWC -> NCHW on the way in and back on the way out."""
         a = n.attrs
-        ins, names = [], {}
+        ins: list[str] = []
+        names: dict[str, str] = {}
         same = _pointwise(n, self.prep)       # elementwise on equal shapes: any layout will do, no transposes
         for q in n.inputs:
             f = self.float_of(q)
-            if len(self.g.ops[f].output.shape) == 4 and not same:
+            if len(_t(self.g.ops[f]).shape) == 4 and not same:
                 t = f"{n.name}_{q}_nchw"
                 self.op(t, "transpose", {"input": [f]}, {"order": [0, 3, 1, 2], "layout_only": True},
                         float_tensor(t, self.prep.node(q).shape))
@@ -312,7 +316,7 @@ class _Builder:
     def k_float(self, n: QNode):
         if n.attrs.get("generic"):
             return self.k_generic(n)
-        attrs = {"device": "CPU"}
+        attrs: dict[str, str | int] = {"device": "CPU"}
         oa = n.attrs.get("onnx_attrs", {})
         if n.attrs["xir_type"] == "softmax":
             ax = int(oa.get("axis", -1)) % len(n.shape)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Iterable
 
 from opendpu.sim.multicore import throughput
 
@@ -136,6 +137,11 @@ def _roots(parent: dict[str, str]):
     return root
 
 
+def _known(rows: Iterable[str | None]) -> set[str]:
+    """The row names of `rows` that are not None (ops and layers without a row)."""
+    return {r for r in rows if r is not None}
+
+
 def fig34_row(op: str) -> str | None:
     """The Figure 34 subgraph whose parameters our op `op` (an op name of `resnet50_caffe`) loads, or None."""
     m = _BLOCK.fullmatch(op)
@@ -173,7 +179,7 @@ def compare_fig34(rows: list[dict], ops: dict[str, list[str]]) -> list[LdwbCheck
     for r in rows:
         if r["level"] != "layer":
             continue
-        names = sorted({fig34_row(o) for o in ops.get(r["subgraph"], [])} - {None}, key=order.__getitem__)
+        names = sorted(_known(fig34_row(o) for o in ops.get(r["subgraph"], [])), key=order.__getitem__)
         for n in names[1:]:
             parent[root(n)] = root(names[0])
         if names:
@@ -304,8 +310,8 @@ def compare_resnet50(rows: list[dict], ops: dict[str, list[str]] | None = None) 
     for r in rows:
         if r["level"] != "layer":
             continue
-        names = {ug1414_row(o) for o in (ops or {}).get(r["subgraph"], [])} - {None}
-        names = names or ({ug1414_row(r["subgraph"])} - {None})
+        names = _known(ug1414_row(o) for o in (ops or {}).get(r["subgraph"], []))
+        names = names or _known([ug1414_row(r["subgraph"])])
         if not names:
             if r["wl_gop"] > 0 or r["rt_ms"] > 0:
                 raise ValueError(f"layer {r['subgraph']!r} has no UG1414 ResNet-50 row (is the model "
@@ -329,9 +335,10 @@ def compare_resnet50(rows: list[dict], ops: dict[str, list[str]] | None = None) 
     for g, members in sorted(groups.items(), key=lambda kv: order[kv[1][0]]):
         rs = ours[g]
         amd = [UG1414_RESNET50[order[m]] for m in members]
-        out.append(RowComparison(" + ".join(members), [r["subgraph"] for r in rs],
-                                 *(sum(r[k] for r in rs) for k in ("wl_gop", "rt_ms", "ldwb_mb", "ldfm_mb", "stfm_mb")),
-                                 *(sum(a[i] for a in amd) for i in range(1, 6)), rows=len(members)))
+        wl, rt, ldwb, ldfm, stfm = (sum(r[k] for r in rs) for k in ("wl_gop", "rt_ms", "ldwb_mb", "ldfm_mb", "stfm_mb"))
+        out.append(RowComparison(" + ".join(members), [r["subgraph"] for r in rs], wl, rt, ldwb, ldfm, stfm,
+                                 sum(a[1] for a in amd), sum(a[2] for a in amd), sum(a[3] for a in amd),
+                                 sum(a[4] for a in amd), sum(a[5] for a in amd), rows=len(members)))
     return out
 
 

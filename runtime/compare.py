@@ -198,7 +198,7 @@ def _load_data(data, shape: list[int], limit: int | None) -> tuple[np.ndarray, n
     """(x float32 [N, ...], labels or None, the data's name), checked against the model input `shape` (NCHW)."""
     from opendpu.quant.onnx_in import QuantError
     from opendpu.quant.quantize import eval_arrays
-    from opendpu.runtime.cli_checks import load_npz
+    from opendpu.runtime.cli.checks import load_npz
     y = None
     name = "<array>"
     where = where_x = "data"
@@ -256,13 +256,16 @@ class Comparison:
                 raise CompareError(f"{k} {v!r} must be in (0, 1]")
         self.onnx_path, self.task_asked, self.backend = os.fspath(onnx_path), task, backend
         self.score_threshold, self.iou = float(score_threshold), float(iou)
-        # ---- the compiled model
-        self.xmodel = find_xmodel(build_dir)
-        try:
-            g = Graph.load(self.xmodel)
-        except XModelError as e:
-            msg = " ".join(str(e).split())
-            raise CompareError(msg if self.xmodel in msg else f"xmodel {self.xmodel}: {msg}") from None
+        # ---- the compiled model (a Graph in memory: runtime.flow's accuracy step)
+        if isinstance(build_dir, Graph):
+            self.xmodel, g = f"{build_dir.name}.xmodel", build_dir
+        else:
+            self.xmodel = find_xmodel(build_dir)
+            try:
+                g = Graph.load(self.xmodel)
+            except XModelError as e:
+                msg = " ".join(str(e).split())
+                raise CompareError(msg if self.xmodel in msg else f"xmodel {self.xmodel}: {msg}") from None
         if not g.root.children:
             raise CompareError(f"xmodel {self.xmodel} is not compiled (a quantized graph without DPU subgraphs); "
                                f"give the output of opendpu build or opendpu compile")

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
     g = Graph.load(path)
     sim = GraphRunner(g, backend="sim")
     ref = GraphRunner(g, backend="ref")
-    dpu_name = next(iter(sim.runners.values())).target.name
+    dpu_name = next(r.target.name for r in sim.runners.values() if r.target is not None)
     print(f"model {path}\ntarget {dpu_name}; inputs {[(t.name, list(t.dims), t.fix_point) for t in sim.get_inputs()]}")
     x, y = digits_as_mnist(a.n)
     sim.run([x[0:1]])                                           # warm-up (first-call allocations)
@@ -77,17 +78,17 @@ def main(argv=None) -> int:
     return 0 if same == a.n and ok_q and ok_c else 1
 
 
-def _quantize_demo() -> bool:
+def _quantize_demo() -> tuple[bool, Any]:
     """Quantize the trained digits CNN for B4096 and run its INT8 xmodel on the ref runner."""
-    from opendpu.compiler.xir.graph import Graph
     from opendpu.quant import zoo
-    from opendpu.quant.quantize import QuantConfig, quantize
+    from opendpu.quant.quantize import QuantConfig
+    from opendpu.runtime.flow import quantize_step, quantized_graph
     from opendpu.runtime.runner import GraphRunner
     xtr, _, xte, yte = zoo.digits_data()
     print(f"\nquantizer: {os.path.basename(zoo.DIGITS_ONNX)} (trained on sklearn digits), 200 calibration images, "
           f"method diffs, target DPUCZDX8G_ISA1_B4096")
-    res = quantize(zoo.DIGITS_ONNX, xtr[:200], target="DPUCZDX8G_ISA1_B4096", config=QuantConfig(method="diffs"))
-    gr = GraphRunner(Graph.deserialize(res.xmodel().serialize()), backend="ref")
+    res = quantize_step(zoo.DIGITS_ONNX, xtr[:200], target="DPUCZDX8G_ISA1_B4096", config=QuantConfig(method="diffs"))
+    gr = GraphRunner(quantized_graph(res), backend="ref")
     out = res.prep.outputs[0]
     pred = np.array([int(np.argmax(gr.run([xte[i:i + 1].transpose(0, 2, 3, 1)]).outputs[out]))
                      for i in range(len(xte))])
@@ -101,18 +102,17 @@ def _quantize_demo() -> bool:
 def _compile_demo(res) -> bool:
     """Compile the quantized digits CNN with opendpu's compiler for B512 and B4096, run the compiled xmodel on
     the cycle model (accuracy, bit-exact against the reference, cycles), and co-simulate one inference on the RTL."""
-    from opendpu.compiler.pipeline import compile as compile_graph
     from opendpu.compiler.xir.graph import Graph
     from opendpu.quant import zoo
-    from opendpu.runtime.costmodel import cycle_model
+    from opendpu.runtime.flow import compile_step, quantized_graph
     from opendpu.runtime.runner import GraphRunner
     _, _, xte, yte = zoo.digits_data()
-    q = Graph.deserialize(res.xmodel().serialize())
+    q = quantized_graph(res)
     ref = GraphRunner(q, backend="ref")
     ok = True
     compiled = {}
     for tname in ("DPUCZDX8G_ISA1_B512", "DPUCZDX8G_ISA1_B4096"):
-        cr = compile_graph(Graph.deserialize(q.serialize()), tname, cycles=cycle_model)
+        cr = compile_step(Graph.deserialize(q.serialize()), tname)
         g = Graph.deserialize(cr.graph.serialize())
         compiled[tname] = g
         prog = next(iter(cr.programs.values()))
@@ -143,6 +143,8 @@ def _rtl_demo(g, x) -> bool:
     sg = dpu_subgraphs(g)[0]
     d = DpuSubgraph(g, sg)
     spec = d.inputs[0]
+    if spec.fix_point is None:
+        raise SystemExit(f"demo: the compiled input {spec.name!r} has no fix_point")
     xq = dpu_round_quantize(x.reshape(spec.dims), spec.fix_point)
     (rep,) = cosim_programs(d.target, [(sg.name, *subgraph_program(d, [xq]))])
     match = not rep.mismatches and rep.model_cycles == rep.rtl_cycles

@@ -60,6 +60,8 @@ def disasm_subgraph(graph: Graph, subgraph: Subgraph | DpuSubgraph, header: bool
             dpu = DpuSubgraph(graph, sg)
         except (RuntimeErrorDPU, XModelError):
             dpu = None
+    target: Target | None
+    sizes: dict[int, int] | None
     if dpu is not None:
         target, sizes, mc = dpu.target, dict(dpu.reg_sizes), dpu.mc_code
         names = layer_names(dpu)

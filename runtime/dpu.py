@@ -10,6 +10,7 @@ on the XIR reference (`run_ref`). `validate` is the static program check (isa/ch
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +21,11 @@ from opendpu.isa.check import Problem, ProgramCheckError, check_program
 from opendpu.isa.errors import OpenDpuError
 from opendpu.isa.program import IsaError, ProgramArrays, decode, to_arrays
 from opendpu.isa.target import Target
+from opendpu.runtime.ops import output_of
+
+if TYPE_CHECKING:                  # the simulator is imported where a run needs it
+    from opendpu.sim.executor import DpuMachine
+    from opendpu.sim.timing import Schedule
 
 
 class RuntimeErrorDPU(OpenDpuError, RuntimeError):
@@ -42,7 +48,7 @@ def ddr_view(buf: np.ndarray, spec: TensorSpec, what: str) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(buf[addr:], shape=spec.dims, strides=stride, writeable=True)
 
 
-def _reg_map(sg: Subgraph, key: str) -> dict[int, object]:
+def _reg_map(sg: Subgraph, key: str) -> dict[int, Any]:
     """A `reg_id_to_*` map keyed by register id (compiler.xir.dpu_abi.read_reg_map, runtime errors)."""
     with _abi_errors():
         return abi.read_reg_map(sg, key)
@@ -66,17 +72,17 @@ class DpuSubgraph:
             raise RuntimeErrorDPU(f"subgraph {sg.name!r}: mc_code: {e}") from None
         self._arrays: ProgramArrays | None = None
         self._problems: dict[Target, list[Problem]] = {}
-        self.last_schedule = None
+        self.last_schedule: Schedule | None = None        # of the last run_sim
         self.op_names = graph.toposort(sg.all_ops())
         self.inputs = self._interface_inputs()
         self.outputs = self._interface_outputs()
         for what, specs in (("input", self.inputs), ("output", self.outputs)):
-            for spec in specs:        # every image in an allocated register, inside it: checked once, up front
-                if spec.reg_id not in self.reg_sizes:
-                    raise RuntimeErrorDPU(f"subgraph {sg.name!r}: {what} {spec.name!r} lies in REG_{spec.reg_id}, "
+            for ts in specs:          # every image in an allocated register, inside it: checked once, up front
+                if ts.reg_id not in self.reg_sizes:
+                    raise RuntimeErrorDPU(f"subgraph {sg.name!r}: {what} {ts.name!r} lies in REG_{ts.reg_id}, "
                                           f"which reg_id_to_size does not allocate")
                 with _abi_errors():
-                    abi.image_extent(spec, self.reg_sizes[spec.reg_id], what)
+                    abi.image_extent(ts, self.reg_sizes[ts.reg_id], what)
 
     # ---- interface tensors (spec §8.3) -------------------------------------------------------
     def _interface_inputs(self) -> list[TensorSpec]:
@@ -114,7 +120,7 @@ class DpuSubgraph:
     # ---- const data ---------------------------------------------------------------------------
     def const_data(self, op: Op) -> np.ndarray:
         """Data of a const(-fix) op: its `data` attribute, or its bytes in the parameter blob (spec §8)."""
-        t = op.output
+        t = output_of(op)
         dt = t.numpy_dtype
         n = int(np.prod(t.shape)) if t.shape else 1
         data = op.attrs.get("data")
@@ -124,12 +130,11 @@ class DpuSubgraph:
             reg, addr = t.attrs.get("reg_id"), t.attrs.get("ddr_addr")
             if reg is None or addr is None or reg not in self.params:
                 raise RuntimeErrorDPU(f"const op {op.name!r} has no data and no parameter-blob location")
-            blob = self.params[reg]
-            nbytes = n * dt.itemsize
-            if addr + nbytes > len(blob):
-                raise RuntimeErrorDPU(f"const op {op.name!r}: bytes [{addr}, {addr + nbytes}) exceed the REG_{reg} "
-                                      f"parameter blob of {len(blob)} B")
-            arr = np.frombuffer(blob, dtype=dt, count=n, offset=addr)
+            try:                                    # one run at ddr_addr (AMD's form), or opendpu's DDR_RUNS
+                raw = abi.read_const_bytes(t, self.params[reg], n * dt.itemsize)
+            except abi.DpuAbiError as e:
+                raise RuntimeErrorDPU(f"const op {op.name!r}: REG_{reg}: {e}") from None
+            arr = np.frombuffer(raw, dtype=dt, count=n)
         if arr.size != n:
             raise RuntimeErrorDPU(f"const op {op.name!r}: {arr.size} elements for shape {t.shape}")
         return arr.reshape(t.shape)
@@ -149,7 +154,7 @@ class DpuSubgraph:
             out.append(x)
         return out
 
-    def new_machine(self, seed: int = 0, init_fill: str = "random"):
+    def new_machine(self, seed: int = 0, init_fill: str = "random") -> DpuMachine:
         from opendpu.sim.executor import DpuMachine
         m = DpuMachine(self.target, dict(self.reg_sizes), init_fill=init_fill, seed=seed)
         self.load_params(m)

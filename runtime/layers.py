@@ -15,6 +15,7 @@ import numpy as np
 from opendpu.isa.fields import FIELD_INDEX
 from opendpu.isa.program import OP_INDEX
 from opendpu.runtime.dpu import DpuSubgraph, TensorSpec, ddr_view, image_strides, tensor_spec
+from opendpu.runtime.ops import output_of
 
 _SAVE = OP_INDEX["SAVE"]
 _SF = FIELD_INDEX["SAVE"]
@@ -57,7 +58,7 @@ def _watch_list(dpu: DpuSubgraph) -> list[_Watch]:
     out = []
     for n in dpu.op_names:
         op = dpu.graph.ops[n]
-        t = op.output
+        t = output_of(op)
         if op.type in SKIP_TYPES or not t.is_fixed or t.attrs.get("reg_id") is None:
             continue
         if dpu.reg_context.get(t.attrs["reg_id"]) == "CONST" or t.attrs.get("location", 1) != 1:
@@ -139,6 +140,7 @@ def run_tracked(dpu: DpuSubgraph, machine, inputs: list[np.ndarray], reference: 
     watches = _watch_list(dpu)
     by_reg: dict[int, list[_Watch]] = {}
     for w in watches:
+        assert w.spec.reg_id is not None           # _watch_list keeps images that lie in a register
         by_reg.setdefault(w.spec.reg_id, []).append(w)
     serial = {r: np.zeros(machine.ddr(r).size, np.int32) for r in by_reg}
     saves = np.nonzero(prog.op == _SAVE)[0]
@@ -187,7 +189,7 @@ def run_tracked(dpu: DpuSubgraph, machine, inputs: list[np.ndarray], reference: 
         if reference is not None and n in reference:
             if w.matched:
                 rep.status[n] = "ok"
-            elif w.bad_saves:
+            elif w.bad_saves and w.first_bad is not None:      # (the first bad SAVE is recorded with the count)
                 rep.status[n] = "MISMATCH"
                 rep.detail[n] = w.first_bad
             else:

@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from opendpu.compiler.xir.graph import Graph, Op, XModelError
+from opendpu.compiler.xir.graph import Graph, Op, Tensor, XModelError
 from opendpu.isa.errors import OpenDpuError
 
 _REGISTRY: dict[str, Callable[[Op, list[np.ndarray]], np.ndarray]] = {}
@@ -19,6 +19,13 @@ _REGISTRY: dict[str, Callable[[Op, list[np.ndarray]], np.ndarray]] = {}
 
 class OpError(OpenDpuError, RuntimeError):
     """An op the runtime cannot evaluate; the message names the op and what to do."""
+
+
+def output_of(op: Op) -> Tensor:
+    """The output tensor of `op` (XIR allows an op without one; every op the runtime reads has one)."""
+    if op.output is None:
+        raise OpError(f"op {op.name!r} ({op.type}) has no output tensor")
+    return op.output
 
 
 def register_op(op_type: str, fn: Callable[[Op, list[np.ndarray]], np.ndarray]) -> None:
@@ -57,8 +64,8 @@ def _const(op: Op, ins: list[np.ndarray]) -> np.ndarray:
         raise OpError(f"const op {op.name!r} carries no data (stripped consts live in a DPU parameter blob)")
     if not isinstance(data, (bytes, bytearray)):
         raise OpError(f"const op {op.name!r}: attribute data is a {type(data).__name__}, not bytes")
-    dt = op.output.numpy_dtype
-    shape = [int(d) for d in op.output.shape]
+    dt = output_of(op).numpy_dtype
+    shape = [int(d) for d in output_of(op).shape]
     n = int(np.prod(shape)) if shape else 1
     if len(data) != n * dt.itemsize:
         raise OpError(f"const op {op.name!r}: {len(data)} bytes of data for shape {shape} of {dt} "
@@ -76,7 +83,7 @@ def _origin(fn) -> str:
         return ""
     import inspect
     try:
-        where = inspect.getfile(fn if inspect.isroutine(fn) else type(fn))
+        where: str | None = inspect.getfile(fn if inspect.isroutine(fn) else type(fn))
     except TypeError:                   # a built-in callable: no file, at most a module name
         where = getattr(fn, "__module__", None)
     return f" registered from {where}" if where else ""
@@ -86,7 +93,7 @@ def evaluate_op(graph: Graph, op: Op, inputs: list[np.ndarray]) -> np.ndarray:
     """Value of `op`'s output tensor given its input values (in `op.input_ops()` order)."""
     from opendpu.compiler.ref import ops as ref
     fn = _REGISTRY.get(op.type) or _BUILTIN.get(op.type)
-    shape = tuple(int(d) for d in op.output.shape)
+    shape = tuple(int(d) for d in output_of(op).shape)
     if fn is not None:
         try:
             out = fn(op, list(inputs))
@@ -106,20 +113,20 @@ def evaluate_op(graph: Graph, op: Op, inputs: list[np.ndarray]) -> np.ndarray:
                           f"array ({type(e).__name__})") from e
         if out.dtype.kind not in "biuf":
             raise OpError(f"op {op.name!r} ({op.type}): implementation returned dtype {out.dtype}, not numbers "
-                          f"(the graph says {op.output.dtype_name})")
+                          f"(the graph says {output_of(op).dtype_name})")
         if out.shape != shape:
             if out.size == int(np.prod(shape)):
                 out = out.reshape(shape)
             else:
                 raise OpError(f"op {op.name!r} ({op.type}): implementation returned shape {list(out.shape)}, "
                               f"the graph says {list(shape)}")
-        return out.astype(op.output.numpy_dtype, copy=False)
+        return out.astype(output_of(op).numpy_dtype, copy=False)
     if op.type not in ref.SUPPORTED:
         raise OpError(f"op {op.name!r} has type {op.type!r}, which opendpu does not implement; register a "
                       f"Python implementation with runtime.register_op({op.type!r}, fn) where "
                       f"fn(op, inputs) -> numpy array of shape {list(shape)}")
-    in_fix = [graph.ops[p].output.fix_point if graph.ops[p].output.is_fixed else None for p in op.input_ops()]
-    out_fix = op.output.fix_point if op.output.is_fixed else None
+    in_fix = [output_of(graph.ops[p]).fix_point if output_of(graph.ops[p]).is_fixed else None for p in op.input_ops()]
+    out_fix = output_of(op).fix_point if output_of(op).is_fixed else None
     attrs = dict(op.attrs)
     try:
         return ref.evaluate(op.type, list(inputs), attrs, in_fix, out_fix, shape, name=op.name)

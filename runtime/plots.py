@@ -26,7 +26,9 @@ from matplotlib.patches import Patch
 
 from opendpu.isa.fields import Engine
 
-ENGINE_COLORS = {"LOAD": "#1f77b4", "SAVE": "#ff7f0e", "CONV": "#2ca02c", "MISC": "#d62728"}   # by Engine name
+# the one engine -> colour map of every figure (engine lanes, per-layer chart, roofline), by Engine name
+ENGINE_COLORS = {"LOAD": "#1f77b4", "SAVE": "#ff7f0e", "CONV": "#2ca02c", "MISC": "#d62728"}
+NO_ENGINE_COLOR = "#888888"                 # a layer without a bounding engine
 BAND_SHADES = ("#c6d3e3", "#e9eef4")       # layer strip, even / odd layers
 BACK_SHADE = "#eef1f5"                      # behind the lanes, even layers (odd ones stay white)
 DPI = 110
@@ -160,8 +162,9 @@ def _panel_set(fig: Figure, k: int, sp, box, y: float, h: dict) -> None:
     for li in range(nl):
         r = sp.layer_runs(li).astype(np.float64)
         xr = list(zip(r[:, 0] / per, (r[:, 1] - r[:, 0]) / per))
-        strip.broken_barh(xr, (0, 1), facecolors=BAND_SHADES[li % 2], edgecolors="white", linewidths=0.5,
-                          gid=f"layer-band:{li}")
+        if strip is not None:                 # (there is a strip whenever there are layers)
+            strip.broken_barh(xr, (0, 1), facecolors=BAND_SHADES[li % 2], edgecolors="white", linewidths=0.5,
+                              gid=f"layer-band:{li}")
         if li % 2 == 0:
             lanes.broken_barh(xr, (-0.5, len(Engine)), facecolors=BACK_SHADE, linewidths=0, zorder=0,
                               gid=f"layer-shade:{li}")
@@ -196,7 +199,9 @@ def _panel_set(fig: Figure, k: int, sp, box, y: float, h: dict) -> None:
 def _label_bands(fig: Figure, ax, sp, short: list[str], per: float) -> None:
     """Label each layer's widest run: `i name` horizontally where it fits, else `i` horizontally, else
     `i` vertically; no label where even that does not fit."""
-    ren = fig.canvas.get_renderer()
+    canvas = fig.canvas
+    assert isinstance(canvas, FigureCanvasAgg)     # every figure here is drawn by Agg (FigureCanvasAgg(fig))
+    ren = canvas.get_renderer()
     x2px = ax.transData
     strip_px = ax.get_window_extent(ren).height
     for li in range(len(sp.layers)):
@@ -220,7 +225,7 @@ def _layer_bars(ax, sp, short: list[str], per: float, unit: str) -> None:
     nl = len(sp.layers)
     bound = sp.bounding_engines()
     cyc = np.array([ly.cycles for ly in sp.layers], np.float64)
-    colors = [ENGINE_COLORS.get(b, "#888888") if b else "#888888" for b in bound]
+    colors = [ENGINE_COLORS.get(b, NO_ENGINE_COLOR) if b else NO_ENGINE_COLOR for b in bound]
     cont = ax.barh(np.arange(nl), cyc / per, height=0.78, color=colors, linewidth=0)
     for li, p in enumerate(cont.patches):
         p.set_gid(f"layer-bar:{li}")
@@ -259,7 +264,7 @@ def roofline_figure(profile) -> Figure:
     fig = Figure(figsize=(8.0, 5.5), constrained_layout=True)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    colors = {"CONV": "#1f77b4", "MISC": "#2ca02c", "LOAD": "#d62728", "SAVE": "#9467bd", "": "#7f7f7f"}
+    colors = {**ENGINE_COLORS, "": NO_ENGINE_COLOR}
     roofs = {}
     xs_all = []
     for sp in profile.subgraphs:
@@ -275,7 +280,8 @@ def roofline_figure(profile) -> Figure:
             continue
         x = r["wl_gop"] * 1e9 / nbytes
         xs_all.append(x)
-        ax.scatter([x], [r["perf_gops"]], s=18, color=colors.get(r["bound"], "#7f7f7f"), zorder=3)
+        ax.scatter([x], [r["perf_gops"]], s=18, color=colors.get(r["bound"], NO_ENGINE_COLOR), zorder=3,
+                   gid=f"roofline-point:{r['bound'] or 'none'}")
     lo = min(xs_all + [0.1]) / 2
     hi = max(xs_all + [1000.0]) * 2
     for (name, clk), (peak, bw) in roofs.items():

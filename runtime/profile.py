@@ -35,6 +35,7 @@ from opendpu.isa.fields import FIELD_INDEX, OPS, Engine
 from opendpu.isa.program import OP_INDEX, ProgramArrays
 from opendpu.isa.target import Target
 from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU, dpu_subgraphs
+from opendpu.runtime.ops import output_of
 from opendpu.sim.timing import Schedule, simulate
 
 PLOT_FORMATS = ("png", "svg", "pdf")    # figure formats of Profile.plot (the file suffix chooses)
@@ -304,9 +305,9 @@ class Profile:
                 ev.append({"ph": "M", "pid": pid, "tid": e + 1, "name": "thread_sort_index",
                            "args": {"sort_index": e}})
             for i in range(len(s)):
-                e = int(s.engine[i])
-                tid = e + 1
-                if e == Engine.SAVE and s.port[i] > 0:        # overlapping SAVEs of port 1 on their own track
+                eng = int(s.engine[i])
+                tid = eng + 1
+                if eng == Engine.SAVE and s.port[i] > 0:        # overlapping SAVEs of port 1 on their own track
                     tid = 5
                 ev.append({"ph": "X", "pid": pid, "tid": tid, "name": OPS[int(s.op[i])].mnemonic,
                            "ts": t0 + float(s.start[i]) * us, "dur": float(s.end[i] - s.start[i]) * us,
@@ -314,7 +315,7 @@ class Profile:
                                     "dispatch": int(s.dispatch[i]), "start": int(s.start[i]),
                                     "end": int(s.end[i]), "stall_token": int(s.stall_token[i]),
                                     "stall_ddr": int(s.stall_ddr[i]), "stall_queue": int(s.stall_queue[i]),
-                                    "stall_bank": int(s.stall_bank[i])}})
+                                    "stall_bank": int(s.stall_bank[i]) if s.stall_bank is not None else 0}})
             if (s.port > 0).any():
                 ev.append({"ph": "M", "pid": pid, "tid": 5, "name": "thread_name", "args": {"name": "SAVE port 1"}})
             b0 = 0
@@ -377,7 +378,7 @@ def side_by_side(a: "Profile", b: "Profile") -> list[dict]:
     names = list(ra) + [n for n in rb if n not in ra]
     out = []
 
-    def row(name, x, y):
+    def row(name: str, x: dict | None, y: dict | None) -> dict:
         d: dict = {"layer": name}
         for k in ("rt_ms", "cycles", "ldwb_mb", "ldfm_mb", "stfm_mb"):
             d[k + "_a"] = x[k] if x else None
@@ -442,7 +443,7 @@ def _layers_of(dpu: DpuSubgraph) -> list[Layer]:
             k = _KIND.get(op.type)
             if k is None:
                 continue
-            shp = [int(d) for d in op.output.shape]
+            shp = [int(d) for d in output_of(op).shape]
             ch = shp[-1] if shp else 1
             elems = int(np.prod(shp[:-1])) * (-(-ch // cp) * cp) if shp else cp
             exp.append((k, o, elems, _signature(g, op, k)))
@@ -454,11 +455,11 @@ def _layers_of(dpu: DpuSubgraph) -> list[Layer]:
     return out
 
 
-def _fix(g: Graph, op, arg: str):
+def _fix(g: Graph, op, arg: str) -> int | None:
     src = op.inputs.get(arg) or []
     if not src:
         return None
-    t = g.ops[src[0]].output
+    t = output_of(g.ops[src[0]])
     return t.fix_point if t.is_fixed else None
 
 
@@ -470,8 +471,8 @@ def _signature(g: Graph, op, kind: int):
         return (len(op.input_ops()),) if op.type.startswith("eltwise") else (1,)
     if op.type.startswith("pool") or "sigmoid" in op.type or "relu" in op.type:
         return None
-    fi, fw, fb, fo = _fix(g, op, "input"), _fix(g, op, "weights"), _fix(g, op, "bias"), op.output.fix_point
-    if None in (fi, fw, fo):
+    fi, fw, fb, fo = _fix(g, op, "input"), _fix(g, op, "weights"), _fix(g, op, "bias"), output_of(op).fix_point
+    if fi is None or fw is None or fo is None:
         return None
     return conv_shifts(fi, fw, fo, fb, check=False)
 
@@ -499,7 +500,7 @@ def _attribute(dpu: DpuSubgraph, s: Schedule | None, layers: list[Layer]) -> np.
     # compute jobs per kind (CONV, ALU, ELEW): [layer, op name, expected elements, signature, produced]
     jobs = [[[li, e[1], e[2], e[3], 0] for li, ly in enumerate(layers) for e in ly.expected if e[0] == k]
             for k in range(3)]
-    cur = [None, None, None]
+    cur: list[list | None] = [None, None, None]        # the job each kind's instructions charge now
     conv_vpp = t.pp
     alu_len = alu_cg = 1
     ci, ai, ew = _FI["CONVINIT"], _FI["ALUINIT"], _FI["ELEW"]
@@ -555,9 +556,9 @@ def _attribute(dpu: DpuSubgraph, s: Schedule | None, layers: list[Layer]) -> np.
             for p in pending_elewinit:
                 lay[p] = cur[2][0] if cur[2] is not None else -1
             pending_elewinit = []
-        if cur[k] is None or (fixed is not None and cur[k][0] != fixed[i]):
-            cur[k] = choose(k, None, None)
         j = cur[k]
+        if j is None or (fixed is not None and j[0] != fixed[i]):
+            j = cur[k] = choose(k, None, None)
         if j is None:                  # exact map: a compute instruction of a layer without such ops (a copy)
             continue
         lay[i] = j[0]
@@ -583,19 +584,19 @@ def _attribute(dpu: DpuSubgraph, s: Schedule | None, layers: list[Layer]) -> np.
                 nxt_signal = consumer[i]
             tgt = nxt_signal
             if tgt < 0 or lay[tgt] < 0:
-                j = np.searchsorted(compute, i)
-                tgt = compute[j] if j < len(compute) else last
+                pos = np.searchsorted(compute, i)
+                tgt = compute[pos] if pos < len(compute) else last
             lay[i] = lay[tgt] if tgt >= 0 else 0
     prev_wait = -1
     for i in range(n):                      # SAVEs: the waiting SAVE's producer
         if op[i] == _SAVE:
             if producer[i] >= 0:
                 prev_wait = producer[i]
-            src = prev_wait
-            if src < 0 or lay[src] < 0:
-                j = np.searchsorted(compute, i) - 1
-                src = compute[j] if j >= 0 else (compute[0] if len(compute) else -1)
-            lay[i] = lay[src] if src >= 0 else 0
+            prod = prev_wait
+            if prod < 0 or lay[prod] < 0:
+                pos = np.searchsorted(compute, i) - 1
+                prod = compute[pos] if pos >= 0 else (compute[0] if len(compute) else -1)
+            lay[i] = lay[prod] if prod >= 0 else 0
     lay[lay < 0] = lay[last] if last >= 0 else 0
     return lay
 

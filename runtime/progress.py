@@ -49,13 +49,14 @@ class PlainProgress:
         self.heartbeat = heartbeat
         self.clock = clock
         self.t0 = clock()
-        self.last_line = None            # clock of the last printed line
-        self.state = None                # (done, total, what) of the last call
-        self.printed = None              # state of the last printed line
-        self._stage_start = None         # ((stage, total), done, clock) when the current stage was first shown
+        self.last_line: float | None = None                  # clock of the last printed line
+        self.state: tuple[int, int, str] | None = None       # (done, total, what) of the last call
+        self.printed: tuple[int, int, str] | None = None     # state of the last printed line
+        # ((stage, total), done, clock) when the current stage was first shown
+        self._stage_start: tuple[tuple[str | None, int], int, float] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
     def _line(self, text: str) -> None:
         print(text, file=self.stream, flush=True)

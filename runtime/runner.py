@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,7 +17,11 @@ from opendpu.compiler.fixpoint import dequantize, dpu_quantize
 from opendpu.compiler.xir.graph import Graph, Subgraph
 from opendpu.isa.target import Target, get_target
 from opendpu.runtime.dpu import DpuSubgraph, RuntimeErrorDPU, TensorSpec, tensor_spec
-from opendpu.runtime.ops import evaluate_op
+from opendpu.runtime.ops import evaluate_op, output_of
+
+if TYPE_CHECKING:                  # the simulator is imported where a run needs it
+    from opendpu.sim.executor import DpuMachine
+    from opendpu.sim.timing import Schedule
 
 MODES = ("ref", "sim", "rtl")
 _job_ids = itertools.count(1)
@@ -36,19 +41,20 @@ class Runner:
             mode = "sim"
         if mode not in MODES:
             raise RuntimeErrorDPU(f"unknown runner mode {mode!r}; use one of {', '.join(MODES)}")
-        self.graph = graph or getattr(subgraph, "graph", None)
-        if self.graph is None:
+        g = graph or getattr(subgraph, "graph", None)
+        if g is None:
             raise RuntimeErrorDPU(f"subgraph {subgraph.name!r} is not attached to a graph")
+        self.graph: Graph = g
         self.subgraph, self.mode, self.seed = subgraph, mode, seed
         self.device = subgraph.device
         self.stats: dict = {}
         self._jobs: dict[int, int] = {}
-        self._machine = None
-        self.schedule = None            # sim mode: sim.timing.Schedule of the last job
+        self._machine: DpuMachine | None = None
+        self.schedule: Schedule | None = None       # sim mode: the schedule of the last job
         self.progress = None            # rtl mode: progress(done, total, what) for the build and the run
         if self.device == "DPU":
-            self.dpu = DpuSubgraph(self.graph, subgraph)
-            self.target = self.dpu.target
+            self.dpu: DpuSubgraph | None = DpuSubgraph(self.graph, subgraph)
+            self.target: Target | None = self.dpu.target
             if target is not None:
                 want = get_target(target)
                 if want.fingerprint != self.dpu.fingerprint:
@@ -72,10 +78,10 @@ class Runner:
                 for p in self.graph.ops[n].input_ops():
                     if p not in opset and p not in seen:
                         seen.add(p)
-                        self._inputs.append(tensor_spec(self.graph.ops[p].output, p))
+                        self._inputs.append(tensor_spec(output_of(self.graph.ops[p]), p))
                 cons = self.graph.consumers(n)
                 if not cons or any(c not in opset for c in cons):
-                    self._outputs.append(tensor_spec(self.graph.ops[n].output, n))
+                    self._outputs.append(tensor_spec(output_of(self.graph.ops[n]), n))
         else:
             raise RuntimeErrorDPU(f"subgraph {subgraph.name!r} has device {self.device!r}; runners exist for "
                                   f"DPU and CPU subgraphs")
@@ -152,12 +158,14 @@ class Runner:
                 if self._machine is None:
                     self._machine = self.dpu.new_machine(self.seed)
                 out = self.dpu.run_sim(inputs, machine=self._machine, target=self.target)
-                self.schedule = self.dpu.last_schedule
-                self.stats = dict(self._machine.stats, cycles=self.schedule.total_cycles,
-                                  latency_ms=self.schedule.latency_ms, clock_mhz=self.schedule.clock_mhz)
+                self.schedule = sched = self.dpu.last_schedule
+                assert sched is not None                  # run_sim keeps its schedule
+                self.stats = dict(self._machine.stats, cycles=sched.total_cycles, latency_ms=sched.latency_ms,
+                                  clock_mhz=sched.clock_mhz)
                 return out
             if self.mode == "rtl":
                 out, res = self.dpu.run_rtl(inputs, target=self.target, progress=self.progress)
+                assert self.target is not None           # a DPU subgraph's runner has its target
                 self.stats = dict(cycles=res.cycles, latency_ms=res.cycles / (self.target.timing.clock_mhz * 1e3),
                                   clock_mhz=self.target.timing.clock_mhz, rtl_wall_s=res.wall_seconds,
                                   counters=res.counters)
@@ -204,8 +212,8 @@ class GraphRunner:
             self.order = []
             self.ops = graph.toposort()
             self.user_ops = [n for n in self.ops if graph.ops[n].type in ("data", "data-fix")]
-            self._inputs = [tensor_spec(graph.ops[n].output, n) for n in self.user_ops]
-            self._outputs = [tensor_spec(op.output, op.name) for op in graph.ops.values()
+            self._inputs = [tensor_spec(output_of(graph.ops[n]), n) for n in self.user_ops]
+            self._outputs = [tensor_spec(output_of(op), op.name) for op in graph.ops.values()
                              if not graph.consumers(op.name) and op.type not in ("const", "const-fix")]
             return
         self.order = graph.toposort_child_subgraphs()
@@ -217,8 +225,9 @@ class GraphRunner:
             elif sg.device != "USER":
                 raise RuntimeErrorDPU(f"subgraph {sg.name!r}: unknown device {sg.device!r}")
         self.user_ops = [n for sg in self.order if sg.device == "USER" for n in graph.toposort(sg.all_ops())]
-        self._inputs = [tensor_spec(graph.ops[n].output, n) for n in self.user_ops]
-        self._outputs = [tensor_spec(op.output, op.name) for op in graph.ops.values() if not graph.consumers(op.name)]
+        self._inputs = [tensor_spec(output_of(graph.ops[n]), n) for n in self.user_ops]
+        self._outputs = [tensor_spec(output_of(op), op.name) for op in graph.ops.values()
+                         if not graph.consumers(op.name)]
 
     def get_inputs(self) -> list[TensorSpec]:
         return list(self._inputs)
@@ -252,6 +261,9 @@ class GraphRunner:
             if kind == "f":
                 if not np.all(np.isfinite(x)):
                     raise RuntimeErrorDPU(f"input {spec.name!r} contains NaN or Inf")
+                if spec.fix_point is None:
+                    raise RuntimeErrorDPU(f"input {spec.name!r}: the fixed-point tensor has no fix_point to quantize "
+                                          f"a float input with; give int8 (raw fixed point)")
                 return dpu_round_quantize(x, spec.fix_point)
             raise RuntimeErrorDPU(f"input {spec.name!r}: dtype {x.dtype} is not accepted; give float (real values, "
                                   f"quantized with fix_point {spec.fix_point}) or int8 (raw fixed point)")
@@ -273,13 +285,17 @@ class GraphRunner:
             if raw:
                 if op.type == "fix2float" and op.input_ops() and op.input_ops()[0] in res.values:
                     src = self.graph.ops[op.input_ops()[0]]
-                    fp = src.output.fix_point if src.output.fix_point is not None else op.attrs.get("fix_point")
+                    fp = output_of(src).fix_point
+                    fp = fp if fp is not None else op.attrs.get("fix_point")
                     out[spec.name] = (np.asarray(res.values[src.name]).astype(np.int8), fp)
                 elif spec.dtype == "xint8":
                     out[spec.name] = (np.asarray(v, np.int8), spec.fix_point)
                 else:
                     out[spec.name] = (np.asarray(v, np.float32), None)
             elif spec.dtype == "xint8" and np.asarray(v).dtype == np.int8:
+                if spec.fix_point is None:
+                    raise RuntimeErrorDPU(f"output {spec.name!r}: the fixed-point tensor has no fix_point to "
+                                          f"dequantize with; ask for the raw values")
                 out[spec.name] = (dequantize(v, spec.fix_point), spec.fix_point)
             else:
                 out[spec.name] = (np.asarray(v, np.float32), None)

@@ -1,7 +1,8 @@
 """Helpers for tests/test_compiled_programs.py and benchmarks/bench_compile.py: quantize a model (the digits CNN or
-a zoo topology), compile it through the compiler's pass list, run each DPU program on the cycle model in schedule
-start order under chosen timing parameters, and compare what it leaves in DDR with the golden reference
-(`GraphRunner(graph, backend="ref")` on the canonical graph the programs were compiled from).
+a zoo topology) and compile it through the library flow (runtime.flow: the steps `opendpu build` chains), run each
+DPU program on the cycle model in schedule start order under chosen timing parameters, and compare what it leaves
+in DDR with the golden reference (`GraphRunner(graph, backend="ref")` on the canonical graph the programs were
+compiled from).
 
 Nothing here is cached on disk; `quantized` and `compiled` keep their results for the life of the process.
 """
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from opendpu.compiler.pipeline import compile as compile_graph
+from opendpu.compiler.pipeline import compile as compile_graph  # noqa: F401 - test_downsample's direct compiles
 from opendpu.compiler.program import DdrImage, DpuProgram
 from opendpu.compiler.xir.graph import Graph
 from opendpu.isa.deps import engine_of, find_races
@@ -20,7 +21,8 @@ from opendpu.isa.footprint import program_footprints
 from opendpu.isa.program import Instruction, to_arrays
 from opendpu.isa.target import PRESETS, TIMING_BOUNDS, Target, get_target
 from opendpu.quant import zoo
-from opendpu.quant.quantize import QuantConfig, quantize
+from opendpu.quant.quantize import QuantConfig
+from opendpu.runtime.flow import compile_step, quantize_step, quantized_graph
 from opendpu.runtime.runner import GraphRunner
 from opendpu.sim.executor import DpuMachine
 from opendpu.sim.timing import simulate
@@ -64,8 +66,7 @@ def quantized(name: str, size: int | None = None) -> Graph:
         h, w = s if isinstance(s, tuple) else (s, s)
         model = zoo.build(name, s)
         calib = np.random.default_rng(0).normal(0, 1, (4, 3, h, w)).astype(np.float32)
-    res = quantize(model, calib, config=QuantConfig(method="maxmin"))
-    return Graph.deserialize(res.xmodel().serialize())
+    return quantized_graph(quantize_step(model, calib, config=QuantConfig(method="maxmin")))
 
 
 def reorg_model():
@@ -108,10 +109,11 @@ class Compiled:
 
 
 def compile_model(g: Graph, t: Target, name: str = "net") -> Compiled:
-    """Compile through the compiler's pass list (`pipeline.compile`: canonicalize, partition, codegen, emit)."""
+    """Compile through the flow's compile step (`pipeline.compile`'s pass list: canonicalize, partition, codegen,
+    emit; deciding by the one cycle model, as `opendpu compile`)."""
     import time
     t0 = time.perf_counter()
-    res = compile_graph(g, t, name=name)
+    res = compile_step(g, t, name=name)
     return Compiled(res.org, t, dict(res.programs), res.graph, time.perf_counter() - t0)
 
 

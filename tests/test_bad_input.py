@@ -497,7 +497,8 @@ COMPUTE = (("opendpu.runtime.runner", "Runner._run"), ("opendpu.runtime.runner",
            ("opendpu.quant.quantize", "_calibrate"),
            ("opendpu.quant.quantize", "_weights"), ("opendpu.quant.quantize", "QuantResult.evaluate"),
            ("opendpu.quant.inspect", "op_descs"), ("opendpu.quant.zoo", "summary"), ("opendpu.quant.zoo", "build"),
-           ("opendpu.compiler.pipeline", "compile"), ("opendpu.compiler.codegen", "generate"))
+           ("opendpu.compiler.pipeline", "compile"), ("opendpu.compiler.codegen", "generate"),
+           ("opendpu.compiler.codegen.driver", "lower"))
 
 
 def _resolve(modname: str, attr: str):
@@ -994,7 +995,6 @@ def _opts(cid, json_text, must, argv=COMPILE):
 COMPILER = [
     Case("compile_without_x", "compile --target DPUCZDX8G_ISA1_B512 -o {out}/c -n net", must=["-x"]),
     Case("compile_without_o", "compile -x {q} --target DPUCZDX8G_ISA1_B512 -n net", must=["-o"]),
-    Case("compile_without_n", "compile -x {q} --target DPUCZDX8G_ISA1_B512 -o {out}/c", must=["-n"]),
     Case("compile_without_target", "compile -x {q} -o {out}/c -n net", must=["-a", "--target"]),
     Case("compile_arch_and_target", COMPILE + " -a {arch_no_key}", must=["either", "-a", "--target"]),
     Case("compile_unknown_option", COMPILE + " --bogus-option", must=["--bogus-option"]),

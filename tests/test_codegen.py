@@ -1,4 +1,4 @@
-"""The code generator (compiler/codegen.py) against the golden reference: every output and every feature map it
+"""The code generator (compiler/codegen/) against the golden reference: every output and every feature map it
 stores in the workspace must equal `GraphRunner(backend="ref")` byte for byte, the token placement must leave no
 race (isa.deps.find_races), on presets and parametric targets. The program runs on the instruction executor from
 random initial bank contents."""

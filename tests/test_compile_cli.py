@@ -44,6 +44,24 @@ def compiled(request, quantized, tmp_path_factory):
     return request.param, out
 
 
+def test_model_positional_as_well_as_x(compiled, quantized, tmp_path, capsys):
+    """`compile MODEL -o DIR` (the net named after the file, without _int) writes what `compile -x MODEL -n NAME`
+    writes; vai_c_xir's --output_dir / --net_name spellings too."""
+    target, out = compiled
+    xm, _ = quantized
+    assert cli(["compile", xm, "--target", target, "-o", str(tmp_path / "p")]) == 0
+    assert cli(["compile", "-x", xm, "--target", target, "--output_dir", str(tmp_path / "v"), "--net_name",
+                "digits"]) == 0
+    capsys.readouterr()
+    assert sorted(os.listdir(tmp_path / "p")) == sorted([MARKER, "digits_cnn.xmodel", "digits_cnn_org.xmodel",
+                                                        "meta.json", "report.json", "report.txt"])
+    ref = open(out / "digits.xmodel", "rb").read()
+    assert open(tmp_path / "v" / "digits.xmodel", "rb").read() == ref
+    a, b = Graph.load(str(tmp_path / "p" / "digits_cnn.xmodel")), Graph.load(str(out / "digits.xmodel"))
+    codes = [[DpuSubgraph(g, s).mc_code for s in dpu_subgraphs(g)] for g in (a, b)]
+    assert codes[0] == codes[1] and codes[0]
+
+
 def _raw_outputs(path: str, backend: str, images: np.ndarray) -> list[dict]:
     gr = GraphRunner(Graph.load(path), backend=backend)
     spec = gr.get_inputs()[0]

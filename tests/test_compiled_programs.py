@@ -106,12 +106,13 @@ def test_zoo_every_target(name, key):
 
 def test_fusion_refused_on_the_real_context_is_undone_and_emitted_split(monkeypatch):
     """The scratch run of a pair may fit where the real context does not (e.g. the real CONVW ring wrapped
-    elsewhere; ResNet-50 on PP8/CP32 with 4096-line banks hit it under the old estimates). Then `_emit_or_undo` takes
-    back everything the fused emission put into the real context and the pair goes split. Planted here: every fused
-    emission on the real context fails after emitting in full, so every undo must restore instructions, CONST
-    bytes, rings and workload exactly; the program still equals the reference, race-free, under random timings."""
-    import opendpu.compiler.codegen as cg
-    orig, undone = cg._emit_or_undo, []
+    elsewhere; ResNet-50 on PP8/CP32 with 4096-line banks hit it under the old estimates). Then
+    `fusion.emit_or_undo` takes back everything the fused emission put into the real context and the pair goes
+    split. Planted here: every fused emission on the real context fails after emitting in full, so every undo must
+    restore instructions, CONST bytes, rings and workload exactly; the program still equals the reference,
+    race-free, under random timings."""
+    import opendpu.compiler.codegen.fusion as cg
+    orig, undone = cg.emit_or_undo, []
 
     def failing(c, emit):
         def emit_then_fail():
@@ -122,7 +123,7 @@ def test_fusion_refused_on_the_real_context_is_undone_and_emitted_split(monkeypa
 
     key = "PP8_CP32_D4096"
     compiled.cache_clear()
-    monkeypatch.setattr(cg, "_emit_or_undo", failing)
+    monkeypatch.setattr(cg, "emit_or_undo", failing)
     c = compiled("resnet50", 32, key)
     ds = [d for p in c.programs.values() for d in p.stats["decisions"] if d["decision"] in ("fuse", "fuse_conv")]
     assert undone and ds and all(d["chosen"] == "split" for d in ds)
@@ -133,16 +134,16 @@ def test_fusion_refused_on_the_real_context_is_undone_and_emitted_split(monkeypa
 
 
 def test_fused_output_on_a_live_strip_buffer_is_refused(monkeypatch):
-    """`_fused`'s guard: Q's output rows must not land on the strip buffer Q reads or on the next strip's input. The
-    strip planner's half-depth budget keeps them apart, so the planner is made to plan with the whole depth: on
+    """`fusion.fused`'s guard: Q's output rows must not land on the strip buffer Q reads or on the next strip's input.
+    The strip planner's half-depth budget keeps them apart, so the planner is made to plan with the whole depth: on
     MobileNet v2 (PP2) the guard then refuses forms of 11 pairs (most with Q's output in VB1, beside the
     intermediate) and the program stays exact and race-free. Without the guard the same compile leaves wrong bytes
     (checked by hand: 2,620 instructions, 22 tensors differ), so it is what keeps the program right."""
-    import opendpu.compiler.codegen as cg
+    import opendpu.compiler.codegen.fusion as cg
     from opendpu.compiler.pipeline import compile as compile_graph
     from opendpu.runtime.costmodel import cycle_model
 
-    plan, fused, refused = cg._strip_plan, cg._fused, []
+    plan, fused, refused = cg.strip_plan, cg.fused, []
 
     def whole_depth(c, ho, wo, vb_max, col_max, use, shares):
         return plan(c, ho, wo, vb_max, col_max, use, (1,))
@@ -154,8 +155,8 @@ def test_fused_output_on_a_live_strip_buffer_is_refused(monkeypatch):
             if "would overwrite a strip buffer in use" in str(e):
                 refused.append((p.name, q.name, g))
             raise
-    monkeypatch.setattr(cg, "_strip_plan", whole_depth)
-    monkeypatch.setattr(cg, "_fused", spy)
+    monkeypatch.setattr(cg, "strip_plan", whole_depth)
+    monkeypatch.setattr(cg, "fused", spy)
     t = target("PP2")
     res = compile_graph(quantized("mobilenet_v2", SMALL), t, name="m", cycles=cycle_model)
     assert len(refused) >= 5 and 1 in {k for _, _, k in refused}

@@ -59,8 +59,11 @@ def amd_program(g: Graph, sg, canon: Graph, ops: list[str]) -> DpuProgram:
         if g.ops[n].type not in ("const-fix", "const") and t.attrs.get("location") == 1 and "stride" in t.attrs \
                 and n not in {o.op_name for o in outs}:
             internal.append(img(abi.tensor_spec(t, n), n))
+    # AMD's channel-augmented convs, recorded as the code generator records its choice (emit reads it from there)
+    aug = [{"layer": n, "decision": "channel_augmentation", "chosen": "augmented", "cycles": {}}
+           for n in ops if g.ops[n].attrs.get("channel_augmentation")]
     return DpuProgram(sg.name, d.target, list(d.instructions), layer_of, layers, abi.read_registers(sg), ins, outs,
-                      internal)
+                      internal, stats={"decisions": aug})
 
 
 @pytest.fixture(scope="module", params=MODEL_NAMES)
@@ -123,24 +126,27 @@ def test_dpu_subgraph_attributes_have_amds_names_and_kinds(reemitted):
 
 
 def test_workloads_are_amds(reemitted):
-    """vai_c's workload: per op (AMD writes it on every DPU compute op), per layer child, per DPU subgraph."""
+    """vai_c's workload and workload_on_arch: per op (AMD writes them on every DPU compute op; op_workload's
+    formula, AMD's channel-augmented convs counted as such), on the re-emitted ops, per layer child, per subgraph."""
     name, g, out, _, _ = reemitted
     t = amd_target(g)
     n = 0
     for op in g.ops.values():
         if "workload" in op.attrs and op.attrs.get("device") == "DPU":
-            assert op_workload(g, op, t)[0] == op.attrs["workload"], op.name
+            want = (op.attrs["workload"], op.attrs["workload_on_arch"])
+            assert op_workload(g, op, t, bool(op.attrs.get("channel_augmentation"))) == want, op.name
+            mine = out.ops[op.name].attrs
+            assert (mine["workload"], mine["workload_on_arch"], mine.get("channel_augmentation")) == \
+                (*want, op.attrs.get("channel_augmentation")), op.name
             n += 1
     assert n
     amd, ours = by_ops(g), by_ops(out)
     for ops, s in amd.items():
-        if s.device != "DPU":
-            continue
         o = ours[ops]
-        assert o.attrs["workload"] == s.attrs["workload"]
+        assert (o.attrs["workload"], o.attrs["workload_on_arch"]) == (s.attrs["workload"], s.attrs["workload_on_arch"])
         for ca, co in zip(s.children, o.children):
-            assert co.attrs["workload"] == ca.attrs["workload"], ca.name
-            assert co.attrs["workload_on_arch"] >= co.attrs["workload"]
+            assert (co.attrs["workload"], co.attrs["workload_on_arch"]) == \
+                (ca.attrs["workload"], ca.attrs["workload_on_arch"]), ca.name
 
 
 def test_ddr_images_read_back_as_amds(reemitted):

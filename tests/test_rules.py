@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from opendpu.compiler import rules
+from opendpu.compiler import rules_pool
 from opendpu.compiler.rules import OpDesc, Placement, format_report, fusable_nonlinear, inspect_table, limits, place
 from opendpu.isa.target import Target, get_target
 
@@ -262,9 +262,9 @@ def test_avgpool_3x3_multi_factor_7():
 def test_avgpool_multi_factor_over_127(monkeypatch):
     # No window up to 256x256 needs N > 127 (the largest is 127 for 256x129), so the limit is exercised
     # with a substituted divisor table.
-    monkeypatch.setattr(rules, "avg_pool_factor", lambda kh, kw: (128, 10))
+    monkeypatch.setattr(rules_pool, "avg_pool_factor", lambda kh, kw: (128, 10))
     assert cpu(place(pool("AVG", k=3), B512), "avg pool 3x3: multi_factor 128 > 127 (1/9 ~ 128/2^10)")
-    monkeypatch.setattr(rules, "avg_pool_factor", lambda kh, kw: (127, 10))
+    monkeypatch.setattr(rules_pool, "avg_pool_factor", lambda kh, kw: (127, 10))
     assert dpu(place(pool("AVG", k=3), B512))
 
 

@@ -1,4 +1,4 @@
-"""Architecture sweeps (runtime/archsweep.py, `opendpu sweep ... -o DIR`): the specification, targets per point,
+"""Architecture sweeps (runtime/sweep/, `opendpu sweep ... -o DIR`): the specification, targets per point,
 metrics against hand-computed values and PG338's tables, the compile cache, resumption, fault tolerance of the
 local pool and of Ray, and bad input. The model is the shipped digits CNN (its compiles take a fraction of a
 second), so that the whole file runs in about a minute.
@@ -22,7 +22,7 @@ from opendpu.compiler.xir.graph import Graph
 from opendpu.hw.resources import PG338_BRAM36, PG338_DSP
 from opendpu.isa.boards import DPU_TIMING, get_board
 from opendpu.isa.target import Target, get_target
-from opendpu.runtime import archsweep as A
+from opendpu.runtime import sweep as S
 from opendpu.runtime.cli import main as cli
 from opendpu.runtime.costmodel import cycle_model
 from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
@@ -39,16 +39,16 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def digits(cache):
-    return A.prepare_model(A.parse_model(DIGITS), cache)
+    return S.prepare_model(S.parse_model(DIGITS), cache)
 
 
-def spec(space: dict, constraints=(), seed=0, models=(DIGITS,)) -> A.SweepSpec:
-    return A.spec_from_dict({"model": [{"zoo": m[4:]} for m in models], "space": [space],
+def spec(space: dict, constraints=(), seed=0, models=(DIGITS,)) -> S.SweepSpec:
+    return S.spec_from_dict({"model": [{"zoo": m[4:]} for m in models], "space": [space],
                              "constraints": list(constraints), "seed": seed})
 
 
-def new_store(path: str) -> A.Store:
-    st = A.Store(path)
+def new_store(path: str) -> S.Store:
+    st = S.Store(path)
     st.open("{}")
     return st
 
@@ -98,16 +98,16 @@ bank_depth = [1024, 2048]
 [[space]]
 points = [{pp = 4, cp = 12, img_bg = 3}, {preset = "B1024", ddr_latency = 80}]
 """)
-    a, b = A.load_spec(str(p)), A.load_spec(str(p))
-    pa, pb = A.expand(a), A.expand(b)
+    a, b = S.load_spec(str(p)), S.load_spec(str(p))
+    pa, pb = S.expand(a), S.expand(b)
     assert pa == pb and len(pa) == 2 + 5 + 2
     assert pa[0] == {"preset": "B512", "board": "kv260"}
     assert [str(c) for c in a.constraints] == ["dsp <= 1248", "fps >= 10"]
     assert a.models[0].label == "resnet18@64"
     # another seed samples other points of the same grid; every sample lies on the grid
-    c = A.load_spec(str(p))
+    c = S.load_spec(str(p))
     c.seed = 8
-    rnd_a, rnd_c = pa[2:7], A.expand(c)[2:7]
+    rnd_a, rnd_c = pa[2:7], S.expand(c)[2:7]
     assert rnd_a != rnd_c
     for q in rnd_a + rnd_c:
         assert q["pp"] in (2, 4, 8) and q["cp"] in (8, 16) and q["bank_depth"] in (1024, 2048)
@@ -115,38 +115,38 @@ points = [{pp = 4, cp = 12, img_bg = 3}, {preset = "B1024", ddr_latency = 80}]
 
 def test_targets_of_points():
     # a preset with pp=8 is the PP8/CP8 array: PG338's B1024, found by its fingerprint
-    assert A.build_target({"preset": "B512", "pp": 8}).name == "DPUCZDX8G_ISA1_B1024"
-    t = A.build_target({"pp": 4, "cp": 12, "img_bg": 3})
+    assert S.build_target({"preset": "B512", "pp": 8}).name == "DPUCZDX8G_ISA1_B1024"
+    t = S.build_target({"pp": 4, "cp": 12, "img_bg": 3})
     assert (t.pp, t.cp, t.alu_pp, t.img_bg, t.bank_depth) == (4, 12, 2, 3, 2048)
     # a board gives its timing (3 cores at 281 MHz on a ZCU102) to any array; its own array by default
-    z = A.build_target({"board": "zcu102"})
+    z = S.build_target({"board": "zcu102"})
     assert z.name == "DPUCZDX8G_ISA1_B4096" and z.timing.cores == 3 and z.timing.clock_mhz == 281.0
     assert z.timing.board_ddr_mbps == get_board("zcu102").ddr_mbps
-    k = A.build_target({"board": "kv260", "preset": "B1152", "clock_mhz": 200})
+    k = S.build_target({"board": "kv260", "preset": "B1152", "clock_mhz": 200})
     assert k.name == "DPUCZDX8G_ISA1_B1152" and k.timing.cores == 1 and k.timing.clock_mhz == 200.0
     # the board's calibrated DPU timing comes with it, and a point's own timing field still wins
     assert (k.timing.ddr_latency, k.timing.conv_latency) == (DPU_TIMING["ddr_latency"], DPU_TIMING["conv_latency"])
-    assert A.build_target({"board": "kv260", "conv_latency": 16}).timing.conv_latency == 16
-    with pytest.raises(A.SweepError, match="preset, a board, or both pp and cp"):
-        A.build_target({"cp": 8})
+    assert S.build_target({"board": "kv260", "conv_latency": 16}).timing.conv_latency == 16
+    with pytest.raises(S.SweepError, match="preset, a board, or both pp and cp"):
+        S.build_target({"cp": 8})
 
 
 def test_resources_are_pg338_per_core():
     for name in ("B512", "B1024", "B4096"):
-        r = A.resources(get_target(name))
+        r = S.resources(get_target(name))
         assert r["dsp"] == PG338_DSP[name][0] and r["bram36"] == PG338_BRAM36[name][0]
-    r = A.resources(A.build_target({"board": "zcu102"}))
+    r = S.resources(S.build_target({"board": "zcu102"}))
     assert r["dsp"] == 3 * PG338_DSP["B4096"][0]
 
 
 def test_compile_key_shares_programs_across_model_only_timing():
     b = get_target("B512")
-    k = A.compile_key("m", b, {})
-    assert A.compile_key("m", b.with_timing(clock_mhz=200, cores=2, board_ddr_mbps=19200), {}) == k
-    assert A.compile_key("m", b.with_timing(ddr_latency=100), {}) != k      # the compiler decides by it
-    assert A.compile_key("m", get_target("B1024"), {}) != k
-    assert A.compile_key("m", b, {"fuse_conv": False}) != k
-    assert A.compile_key("other", b, {}) != k
+    k = S.compile_key("m", b, {})
+    assert S.compile_key("m", b.with_timing(clock_mhz=200, cores=2, board_ddr_mbps=19200), {}) == k
+    assert S.compile_key("m", b.with_timing(ddr_latency=100), {}) != k      # the compiler decides by it
+    assert S.compile_key("m", get_target("B1024"), {}) != k
+    assert S.compile_key("m", b, {"fuse_conv": False}) != k
+    assert S.compile_key("other", b, {}) != k
 
 
 # ---- metrics ---------------------------------------------------------------------------------------------------
@@ -155,11 +155,11 @@ def test_metrics_against_an_independent_compile(tmp_path, cache, digits):
     outside the sweep); fps, GOP/s and MAC utilisation follow from them by hand."""
     sp = spec({"preset": ["B512", "B4096"], "clock_mhz": [200, 300]})
     store = new_store(str(tmp_path / "s"))
-    res = A.run(sp, [digits], store, cache, workers=1)
+    res = S.run(sp, [digits], store, cache, workers=1)
     assert [r["status"] for r in res.rows] == ["ok"] * 4, [r["reason"] for r in res.rows]
     g = Graph.load(digits.path)
     for r in res.rows:
-        t = A.build_target(json.loads(r["params"]))
+        t = S.build_target(json.loads(r["params"]))
         out = compile_graph(g, t, cycles=cycle_model).graph
         subs = [DpuSubgraph(out, sg) for sg in dpu_subgraphs(out)]
         scheds = [simulate(d.arrays, t) for d in subs]
@@ -186,7 +186,7 @@ def test_metrics_against_an_independent_compile(tmp_path, cache, digits):
 def test_board_fps_with_cores_and_host_overhead(tmp_path, cache, digits):
     sp = spec({"board": ["zcu102"]})
     store = new_store(str(tmp_path / "s"))
-    r = A.run(sp, [digits], store, cache, workers=1).rows[0]
+    r = S.run(sp, [digits], store, cache, workers=1).rows[0]
     # sim/multicore.py: fps = min(cores / (T / clock + runs x overhead), BW x eff / bytes); digits is not DDR-bound;
     # the zcu102 profile: 3 cores at 281 MHz, 1,500 us host overhead per DPU run (docs/calibration.md)
     frame_s = r["cycles"] / 281e6 + r["dpu_subgraphs"] * 1500e-6
@@ -199,13 +199,13 @@ def test_resume_recomputes_no_finished_point(tmp_path, cache, digits):
     store = new_store(str(tmp_path / "s"))
     seen: list = []
     with pytest.raises(KeyboardInterrupt):
-        A.run(sp, [digits], store, cache, workers=1, on_result=stop_after(2, seen))
+        S.run(sp, [digits], store, cache, workers=1, on_result=stop_after(2, seen))
     kept = {h: os.stat(store.path(h)).st_mtime_ns for h in seen}
     again = []
-    res = A.run(sp, [digits], store, cache, workers=1, on_result=lambda r: again.append(r["hash"]))
+    res = S.run(sp, [digits], store, cache, workers=1, on_result=lambda r: again.append(r["hash"]))
     assert res.reused == 2 and res.computed == 4 and not set(again) & set(seen)
     assert {h: os.stat(store.path(h)).st_mtime_ns for h in seen} == kept
-    third = A.run(sp, [digits], store, cache, workers=1)
+    third = S.run(sp, [digits], store, cache, workers=1)
     assert third.computed == 0 and third.reused == 6
     assert stable(third.rows) == stable(res.rows)
 
@@ -244,10 +244,10 @@ def test_ctrl_c_keeps_finished_points_and_the_rerun_computes_only_the_rest(tmp_p
 def test_killed_pool_worker_costs_only_a_retry(tmp_path, cache, digits):
     sp = spec({"preset": ["B512", "B1024", "B1152", "B4096"], "clock_mhz": [250, 300]})
     ref_store = new_store(str(tmp_path / "ref"))
-    ref = A.run(sp, [digits], ref_store, cache, workers=1)
+    ref = S.run(sp, [digits], ref_store, cache, workers=1)
     store = new_store(str(tmp_path / "s"))
     killed: list = []
-    res = A.run(sp, [digits], store, cache, workers=2,
+    res = S.run(sp, [digits], store, cache, workers=2,
                 on_result=kill_first(lambda: [p.pid for p in mp.active_children()], killed))
     assert killed
     assert [r["status"] for r in res.rows] == ["ok"] * 8, [r["reason"] for r in res.rows]
@@ -303,11 +303,11 @@ def _ray_workers() -> list[int]:
 def test_ray_backend_equals_local_pool_and_survives_a_killed_worker(tmp_path, cache, digits, ray_cluster):
     sp = spec({"preset": ["B512", "B1024", "B4096"], "clock_mhz": [250, 300]})
     local_store = new_store(str(tmp_path / "local"))
-    local = A.run(sp, [digits], local_store, cache, workers=2)
+    local = S.run(sp, [digits], local_store, cache, workers=2)
     store = new_store(str(tmp_path / "ray"))
     seen: list = []
     with pytest.raises(KeyboardInterrupt):
-        A.run(sp, [digits], store, str(tmp_path / "ray-cache"), executor="ray", address=ray_cluster,
+        S.run(sp, [digits], store, str(tmp_path / "ray-cache"), executor="ray", address=ray_cluster,
               on_result=stop_after(2, seen))
     # a thread SIGKILLs the first Ray worker it sees running a point (polling, so that it does not depend on a
     # worker still running when a result arrives, which a loaded machine makes a matter of chance)
@@ -321,7 +321,7 @@ def test_ray_backend_equals_local_pool_and_survives_a_killed_worker(tmp_path, ca
     th = threading.Thread(target=killer, daemon=True)
     th.start()
     try:
-        res = A.run(sp, [digits], store, str(tmp_path / "ray-cache"), executor="ray", address=ray_cluster)
+        res = S.run(sp, [digits], store, str(tmp_path / "ray-cache"), executor="ray", address=ray_cluster)
     finally:
         done.set()
         th.join(10)
@@ -329,7 +329,7 @@ def test_ray_backend_equals_local_pool_and_survives_a_killed_worker(tmp_path, ca
     assert killed
     assert [r["status"] for r in res.rows] == ["ok"] * 6, [r["reason"] for r in res.rows]
     assert stable(res.rows) == stable(local.rows)
-    again = A.run(sp, [digits], store, str(tmp_path / "ray-cache"), executor="ray", address=ray_cluster)
+    again = S.run(sp, [digits], store, str(tmp_path / "ray-cache"), executor="ray", address=ray_cluster)
     assert again.computed == 0 and again.reused == 6
 
 
@@ -414,10 +414,10 @@ def test_cli_model_failing_on_every_point_keeps_results(tmp_path, cache, capsys)
 def test_parametric_and_preset_points_agree(tmp_path, cache, digits, target):
     """The same array given as a preset or by its parameters is the same compiled program and the same row."""
     t = get_target(target)
-    sp = A.spec_from_dict({"model": [{"zoo": "digits"}], "space": [
+    sp = S.spec_from_dict({"model": [{"zoo": "digits"}], "space": [
         {"points": [{"preset": target}, {"pp": t.pp, "cp": t.cp, "alu_pp": t.alu_pp}]}]})
     store = new_store(str(tmp_path / "s"))
-    a, b = A.run(sp, [digits], store, cache, workers=1).rows
+    a, b = S.run(sp, [digits], store, cache, workers=1).rows
     assert a["target"] == b["target"] == t.name and a["cycles"] == b["cycles"]
     assert Target.parametric(t.pp, t.cp).fingerprint == t.fingerprint
 
@@ -477,20 +477,20 @@ def test_spec_paths_are_relative_to_the_file_and_checked_before_work(tmp_path, m
     np.save(d / "c.npy", zoo.digits_data()[0][:4].astype(np.float32))
     (d / "s.toml").write_text('[[model]]\npath = "net.onnx"\ncalib = "c.npy"\n[[space]]\npreset = ["B512"]\n')
     monkeypatch.chdir(tmp_path)
-    m = A.load_spec("specs/s.toml").models[0]
+    m = S.load_spec("specs/s.toml").models[0]
     assert (m.source, m.calib) == (str(d / "net.onnx"), str(d / "c.npy"))
-    A.validate_model(m)                                   # the digits images fit the [N, 1, 8, 8] input
+    S.validate_model(m)                                   # the digits images fit the [N, 1, 8, 8] input
     np.save(d / "c.npy", np.zeros((4, 3, 8, 8), np.float32))
-    with pytest.raises(A.SweepError, match=r"c\.npy.*\[1, 1, 8, 8\]|\[1, 1, 8, 8\].*c\.npy"):
-        A.validate_model(m)
+    with pytest.raises(S.SweepError, match=r"c\.npy.*\[1, 1, 8, 8\]|\[1, 1, 8, 8\].*c\.npy"):
+        S.validate_model(m)
     (d / "net.onnx").write_text("a text file, not a protobuf")
-    with pytest.raises(A.SweepError, match="net.onnx: not an ONNX model"):
-        A.validate_model(m)
+    with pytest.raises(S.SweepError, match="net.onnx: not an ONNX model"):
+        S.validate_model(m)
 
 
 def test_constraints_excluding_every_point_are_named_before_work():
     sp = spec({"preset": ["B1024", "B4096"]}, constraints=["dsp <= 100", "cores >= 1"])
-    with pytest.raises(A.SweepError, match=r"dsp <= 100 excludes 2 of 2 \(dsp in the space: 194\.\.") as e:
-        A.build_points(sp)
+    with pytest.raises(S.SweepError, match=r"dsp <= 100 excludes 2 of 2 \(dsp in the space: 194\.\.") as e:
+        S.build_points(sp)
     assert "cores >= 1 excludes 0 of 2" in str(e.value)
-    assert len(A.build_points(spec({"preset": ["B512", "B4096"]}, constraints=["dsp <= 100"]))) == 2
+    assert len(S.build_points(spec({"preset": ["B512", "B4096"]}, constraints=["dsp <= 100"]))) == 2

@@ -1,4 +1,5 @@
-"""Sweep report (runtime/sweep_report.py): Pareto fronts, table files, figures and the summary, on hand-built rows."""
+"""Sweep report (runtime/sweep/: tables.py, figures.py, report.py): Pareto fronts, table files, figures and the
+summary, on hand-built rows."""
 import csv
 import hashlib
 import json
@@ -12,9 +13,10 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from opendpu.runtime.plots import ENGINE_COLORS
-from opendpu.runtime.sweep_report import (ROW_COLUMNS, bottleneck_figure, heatmap_figure, make_report,
-                                          pareto_figure, pareto_front, save, write_csv, write_json, write_parquet,
-                                          write_summary)
+from opendpu.runtime.sweep.figures import bottleneck_figure, heatmap_figure, pareto_figure, save
+from opendpu.runtime.sweep.report import make_report, write_summary
+from opendpu.runtime.sweep.spec import ROW_COLUMNS
+from opendpu.runtime.sweep.tables import pareto_front, write_csv, write_json, write_parquet
 
 
 def row(model, point, status="ok", meets=True, **kw):
@@ -281,7 +283,7 @@ def test_make_report_all_failed(tmp_path):
 def test_default_heatmap_takes_the_parameters_set_together():
     """A union of a preset space and a pp x cp space: the heatmap is pp x cp (set together in 4 rows), not
     preset x pp (never set together)."""
-    from opendpu.runtime.sweep_report import _default_heatmap
+    from opendpu.runtime.sweep.report import _default_heatmap
     rows = [row("m", f"pp={pp};cp={cp}", fps=1.0) for pp in (4, 8) for cp in (8, 16)]
     for name in ("B512", "B4096"):
         r = row("m", "pp=1", fps=1.0)

@@ -97,7 +97,7 @@ def test_clock_range_is_physical_and_in_one_place():
 
     from opendpu.isa.target import TIMING_BOUNDS, Timing
     from opendpu.runtime.cli import _clock_mhz_type
-    from opendpu.runtime.cli_checks import CliError, timing_value
+    from opendpu.runtime.cli.checks import CliError, timing_value
     assert TIMING_BOUNDS["clock_mhz"] == (1.0, 2000.0)
     assert Timing(clock_mhz=1).clock_mhz == 1 and Timing(clock_mhz=2000.0).clock_mhz == 2000.0
     conv = _clock_mhz_type()

@@ -24,7 +24,7 @@ BUILTIN_BASE = {
     "opendpu.compiler.outdir.OutputError": ValueError, "opendpu.runtime.dpu.RuntimeErrorDPU": RuntimeError,
     "opendpu.runtime.ops.OpError": RuntimeError, "opendpu.quant.onnx_in.QuantError": ValueError,
     "opendpu.quant.calib.CalibError": ValueError, "opendpu.hw.params.HwError": ValueError,
-    "opendpu.runtime.cli_checks.CliError": Exception,
+    "opendpu.runtime.cli.checks.CliError": Exception,
 }
 
 
@@ -81,11 +81,12 @@ def test_cli_reports_any_package_error(monkeypatch, capsys):
     """main() catches the root: an error type its old tuple lacked (RefError) is one line and exit 2."""
     from opendpu.compiler.ref import RefError
     from opendpu.runtime import cli
+    from opendpu.runtime.cli import targets
 
     def boom(a):
         raise RefError("conv2d-fix 'c1': missing fix point of input 0")
 
-    monkeypatch.setattr(cli, "cmd_targets", boom)
+    monkeypatch.setattr(targets, "run", boom)
     assert cli.main(["targets"]) == 2
     assert capsys.readouterr().err == "opendpu targets: error: conv2d-fix 'c1': missing fix point of input 0\n"
 

@@ -220,7 +220,7 @@ def _conv_acc_chunks(ctx: _Ctx, x: np.ndarray, w: np.ndarray, groups: int, out_h
     sh, sw = stride_hw
     dh, dw = dil_hw
     xp = _fit_window(ctx, x, out_hw, (kh, kw), stride_hw, dil_hw, pads, 0)
-    ftype = np.float64
+    ftype: type[np.floating] = np.float64
     if exact:
         # exactness: |acc| <= kh*kw*Ig*128*128 (plus any partial sum); float32 exact below 2^24
         bound = kh * kw * Ig * _absmax(x) * _absmax(w)

@@ -470,7 +470,7 @@ def _eltwise_prelu(ctx: _Ctx, typ: str, fp_out: int, mode: str) -> np.ndarray:
             raise ctx.error(f"slopes {list(alpha.shape)} do not match input {list(x.shape)}") from None
     else:
         ctx.need_inputs(1, 1)
-        slope = np.int64(ctx.int_attr("prelu_in"))
+        slope = np.asarray(ctx.int_attr("prelu_in"), dtype=np.int64)
         shift = ctx.int_attr("prelu_shift")
     pos = _round_shift(x, fp_in - fp_out, mode)
     neg = _round_shift(x * slope, shift + fp_in - fp_out, mode)

@@ -72,8 +72,12 @@ LOCATION = "location"
 STRIDE = "stride"
 FIX_POINT = "fix_point"
 LOCATION_DDR = 1
+LOCATION_ON_CHIP = 0            # AMD's value on tensors a program keeps in the banks (reg_id / ddr_addr 0 alongside)
+# opendpu extension on const tensors whose bytes are not one run in tensor order: [offset, length, offset, length,
+# ...] in the register, the runs in row-major element order (the code generator lays weights out per CONVW bank)
+DDR_RUNS = "opendpu_ddr_runs"
 TENSOR_ATTR_KINDS = {REG_ID: "int32_value", DDR_ADDR: "int32_value", LOCATION: "int32_value",
-                     STRIDE: "int32_vec_value", FIX_POINT: "int32_value"}
+                     STRIDE: "int32_vec_value", FIX_POINT: "int32_value", DDR_RUNS: "int32_vec_value"}
 
 
 def reg_key(reg_id: int) -> str:
@@ -449,6 +453,54 @@ def write_image(t: Tensor, reg_id: int, ddr_addr: int, stride: Iterable[int]) ->
     t.attrs.set(STRIDE, stride, k[STRIDE])
 
 
+def write_on_chip(t: Tensor, reg_id: int) -> None:
+    """Mark tensor `t` as never stored by the program (it stays in the banks): `location` 0 with `reg_id` (a data
+    register) and `ddr_addr` 0 and no stride, as AMD's compiler marks the intermediates of its fused layers."""
+    k = TENSOR_ATTR_KINDS
+    t.attrs.set(REG_ID, int(reg_id), k[REG_ID])
+    t.attrs.set(DDR_ADDR, 0, k[DDR_ADDR])
+    t.attrs.set(LOCATION, LOCATION_ON_CHIP, k[LOCATION])
+
+
+def write_const_image(t: Tensor, reg_id: int, runs: list[tuple[int, int]]) -> None:
+    """Place a const tensor's bytes in CONST register `reg_id`: `runs` (offset, length) in row-major element order.
+    One run is AMD's form (`ddr_addr` alone); several are also listed in DDR_RUNS, `ddr_addr` being the first."""
+    where = f"const tensor {t.name!r}"
+    if not runs or any(a < 0 or n <= 0 or a + n > INT32_MAX for a, n in runs):
+        raise DpuAbiError(f"{where}: byte runs {runs[:4]} are not (offset, length) pairs inside an int32 register")
+    k = TENSOR_ATTR_KINDS
+    t.attrs.set(REG_ID, int(reg_id), k[REG_ID])
+    t.attrs.set(DDR_ADDR, int(runs[0][0]), k[DDR_ADDR])
+    t.attrs.set(LOCATION, LOCATION_DDR, k[LOCATION])
+    if len(runs) > 1:
+        t.attrs.set(DDR_RUNS, [int(v) for run in runs for v in run], k[DDR_RUNS])
+
+
+def const_runs(t: Tensor, nbytes: int) -> list[tuple[int, int]]:
+    """The (offset, length) byte runs of a const tensor of `nbytes` bytes in its register: DDR_RUNS when present
+    (their lengths must add up to `nbytes`), else one run at `ddr_addr` (AMD's form)."""
+    v = t.attrs.get(DDR_RUNS)
+    if v is None:
+        addr = t.attrs.get(DDR_ADDR)
+        if addr is None:
+            raise DpuAbiError(f"const tensor {t.name!r} has no ddr_addr")
+        return [(int(addr), int(nbytes))]
+    if not isinstance(v, list) or len(v) % 2 or sum(v[1::2]) != nbytes:
+        raise DpuAbiError(f"const tensor {t.name!r}: {DDR_RUNS} is not (offset, length) pairs of {nbytes} bytes")
+    return [(int(a), int(n)) for a, n in zip(v[::2], v[1::2])]
+
+
+def read_const_bytes(t: Tensor, blob: bytes, nbytes: int) -> bytes:
+    """The `nbytes` bytes of a const tensor in row-major order, gathered from its register's parameter `blob`."""
+    out = bytearray()
+    for a, n in const_runs(t, nbytes):
+        if a + n > len(blob):
+            raise DpuAbiError(f"const tensor {t.name!r}: bytes [{a}, {a + n}) lie beyond the {len(blob)}-byte "
+                              f"parameter blob")
+        out += blob[a:a + n]
+    return bytes(out)
+
+
 def _write_interface_image(t: Tensor, spec: TensorSpec, what: str) -> None:
     if tuple(int(d) for d in t.shape) != tuple(spec.dims):
         raise DpuAbiError(f"{what} tensor {spec.name!r}: shape {list(spec.dims)} differs from its DDR image "
@@ -500,5 +552,6 @@ __all__ = [
     "SUBGRAPH_ATTR_KINDS", "TENSOR_ATTR_KINDS", "MAX_DDR_BYTES", "reg_key", "read_reg_map", "read_registers",
     "read_dpu_subgraph", "read_inputs", "read_outputs", "tensor_spec", "dense_strides", "image_strides",
     "image_extent", "input_producers", "upload_of", "output_ops", "output_image_op", "write_registers",
-    "write_dpu_subgraph", "write_image", "write_input", "write_output", "write_interface",
+    "write_dpu_subgraph", "write_image", "write_input", "write_output", "write_interface", "write_on_chip",
+    "write_const_image", "const_runs", "read_const_bytes", "DDR_RUNS",
 ]

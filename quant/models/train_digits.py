@@ -42,24 +42,24 @@ def train(epochs: int = EPOCHS, verbose: bool = True) -> tuple[DigitsCNN, float]
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     x_tr, y_tr, x_te, y_te = zoo.digits_data()
-    x_tr, y_tr, x_te = torch.from_numpy(x_tr), torch.from_numpy(y_tr), torch.from_numpy(x_te)
+    xt_tr, yt_tr, xt_te = torch.from_numpy(x_tr), torch.from_numpy(y_tr), torch.from_numpy(x_te)
     model = DigitsCNN()
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, epochs)
     gen = torch.Generator().manual_seed(SEED)
     for ep in range(epochs):
         model.train()
-        perm = torch.randperm(len(x_tr), generator=gen)
+        perm = torch.randperm(len(xt_tr), generator=gen)
         for i in range(0, len(perm), BATCH):
             idx = perm[i:i + BATCH]
-            loss = nn.functional.cross_entropy(model(x_tr[idx]), y_tr[idx])
+            loss = nn.functional.cross_entropy(model(xt_tr[idx]), yt_tr[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
         sched.step()
         if verbose and (ep + 1) % 10 == 0:
-            print(f"epoch {ep + 1:3d}  loss {loss.item():.4f}  held-out acc {accuracy(model, x_te, y_te):.4f}")
-    return model.eval(), accuracy(model, x_te, y_te)
+            print(f"epoch {ep + 1:3d}  loss {loss.item():.4f}  held-out acc {accuracy(model, xt_te, y_te):.4f}")
+    return model.eval(), accuracy(model, xt_te, y_te)
 
 
 def accuracy(model: nn.Module, x: torch.Tensor, y: np.ndarray) -> float:
@@ -74,7 +74,7 @@ def export(model: DigitsCNN, acc: float, path: str) -> onnx.ModelProto:
     (checked: the quantizer must fold them itself)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # "legacy TorchScript-based exporter": chosen on purpose
-        torch.onnx.export(model.eval(), torch.zeros(1, 1, 8, 8), path, dynamo=False, opset_version=17,
+        torch.onnx.export(model.eval(), (torch.zeros(1, 1, 8, 8),), path, dynamo=False, opset_version=17,
                           do_constant_folding=False, input_names=["input"], output_names=["output"])
     m = onnx.load(path)
     m.graph.name = "digits_cnn"

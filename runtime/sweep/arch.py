@@ -1,8 +1,7 @@
-"""`opendpu sweep` over DPU configurations (runtime/archsweep.py): the command line, outputs and RTL spot checks.
-
-`opendpu sweep MODEL... --param pp=4,8 --param cp=8,16 -o DIR` (or `--spec sweep.toml -o DIR`) compiles every
-model for every point, times it and writes DIR/sweep.csv, sweep.json, sweep.parquet, pareto.csv, the summary and,
-with --plot, the figures. DIR keeps one result per point: running the same command again skips finished points.
+"""The architecture sweep's command line (`opendpu sweep MODEL... --param pp=4,8 --param cp=8,16 -o DIR`, or
+`--spec sweep.toml -o DIR`): compile every model for every point, time it and write DIR/sweep.csv, sweep.json,
+sweep.parquet, pareto.csv, the summary and, with --plot, the figures. DIR keeps one result per point: running the
+same command again skips finished points.
 """
 from __future__ import annotations
 
@@ -12,35 +11,18 @@ import re
 import sys
 import time
 
-from opendpu.runtime.archsweep import (PARAMS, ROW_COLUMNS, Constraint, Store, SweepError, SweepSpec,
-                                       default_cache_dir, load_spec, parse_constraint, parse_model, point_id,
-                                       prepare_model, space_from_dict)
-from opendpu.runtime.cli_checks import CliError
+from opendpu.runtime.cli.common import CliError
 
-VERIFY_MAX_SIZE = 64           # --verify-rtl compiles a zoo model at most this large (input H and W)
+from .cache import default_cache_dir, prepare_model
+from .points import build_points, pre_constraints
+from .driver import plan, run
+from .spec import (PARAMS, ROW_COLUMNS, SweepError, SweepSpec, load_spec, parse_constraint, parse_model,
+                   space_from_dict, validate_model)
+from .store import Store
 
-
-TIMING_MODE = "timing-only mode (one compiled program, timing parameters)"
 ARCH_MODE = "architecture mode (compile per point)"
-TO_ARCH = ("for an architecture sweep (compile per point), add an architecture parameter (--param preset=B512,... "
-           "or board, pp, cp, alu_pp, bank_depth, img_bg) or --spec")
 TO_TIMING = ("--csv and --target are for the timing-only mode: one compiled .xmodel, --param over timing fields "
              "only, no --spec")
-# (attribute, flag): the options only the architecture mode uses
-ARCH_ONLY = (("output", "-o"), ("samples", "--samples"), ("seed", "--seed"), ("constraint", "--constraint"),
-             ("calib", "--calib"), ("cache", "--cache"), ("executor", "--executor"), ("address", "--address"),
-             ("workers", "--workers"), ("plot", "--plot"), ("heatmap", "--heatmap"), ("breakdown", "--breakdown"),
-             ("verify_rtl", "--verify-rtl"))
-
-
-def timing_mode_conflict(a) -> str | None:
-    """The error for an architecture-mode option given to a timing-only sweep (it would be ignored), or None."""
-    given = [flag for attr, flag in ARCH_ONLY if getattr(a, attr, None) is not None and getattr(a, attr) != []]
-    if not given:
-        return None
-    what = ("writes no sweep directory; --csv FILE writes its rows" if given[0] == "-o" else "does not use it")
-    return (f"{given[0]}: the sweep is in {TIMING_MODE}, which {what}; {TO_ARCH}"
-            + (f" (also given: {', '.join(given[1:])})" if len(given) > 1 else ""))
 
 
 def _arch_mode_checks(a, mode: str) -> None:
@@ -130,25 +112,26 @@ def _spec_from_args(a) -> SweepSpec:
 
 
 def _write_outputs(out: str, res, spec: SweepSpec, a) -> dict:
-    from opendpu.runtime import sweep_report as rep
+    from . import tables as tab
+    from .report import make_report
     rows = res.rows
     files = {}
     extra = {"spec": spec.to_dict(), "computed": res.computed, "reused": res.reused, "excluded": res.excluded}
-    for name, fn in (("sweep.csv", rep.write_csv), ("sweep.parquet", rep.write_parquet)):
+    for name, fn in (("sweep.csv", tab.write_csv), ("sweep.parquet", tab.write_parquet)):
         p = os.path.join(out, name)
         fn(rows, p, list(ROW_COLUMNS))
         files[name] = p
     p = os.path.join(out, "sweep.json")
-    rep.write_json(rows, p, list(ROW_COLUMNS), extra=extra)
+    tab.write_json(rows, p, list(ROW_COLUMNS), extra=extra)
     files["sweep.json"] = p
     p = os.path.join(out, "pareto.csv")
     cols = ["front"] + list(ROW_COLUMNS)
-    rep.write_csv([{"front": "fps_vs_dsp", **r} for r in rep.pareto_front(rows, "dsp", "fps")]
-                  + [{"front": "fps_vs_bram36", **r} for r in rep.pareto_front(rows, "bram36", "fps")], p, cols)
+    tab.write_csv([{"front": "fps_vs_dsp", **r} for r in tab.pareto_front(rows, "dsp", "fps")]
+                  + [{"front": "fps_vs_bram36", **r} for r in tab.pareto_front(rows, "bram36", "fps")], p, cols)
     files["pareto.csv"] = p
     heat = tuple(x.strip() for x in a.heatmap.split(",")) if a.heatmap else None
     try:
-        figs = rep.make_report(out, rows, res.results, a.plot, heatmap=heat, breakdown_hash=a.breakdown)
+        figs = make_report(out, rows, res.results, a.plot, heatmap=heat, breakdown_hash=a.breakdown)
     except ValueError as e:                  # e.g. a heatmap over parameters no ok row has
         raise CliError(f"report: {e}; the results are kept in {out}") from None
     files.update(figs)
@@ -194,9 +177,46 @@ def _print_table(rows: list[dict]) -> None:
 def cmd_arch_sweep(a, why: str = "") -> int:
     """The architecture sweep: validate everything, plan, run (resumable), write the tables, figures and summary,
     spot-check the RTL. `why`: what chose the architecture mode (named in errors and in the first line)."""
-    from opendpu.runtime.archsweep import build_points, plan, pre_constraints, run, validate_model
-    from opendpu.runtime.progress import progress_bar
     mode = f"{ARCH_MODE[:-1]}; {why})" if why else ARCH_MODE
+    spec, cache, built = _arch_setup(a, mode)
+    print(f"sweep: {mode}: {len(spec.models)} model(s) x {len(built)} point(s); results in {a.output}, compile cache "
+          f"{cache}", flush=True)
+    pre = pre_constraints(spec)
+    post = [c for c in spec.constraints if c not in pre]
+    if post:
+        print(f"sweep: constraint(s) on results ({', '.join(map(str, post))}) are checked on each computed point; "
+              f"rows that miss them stay in the tables, off the Pareto fronts", flush=True)
+    store = Store(a.output)
+    try:
+        os.makedirs(cache, exist_ok=True)
+        models = [prepare_model(m, cache, seed=spec.seed, log=lambda s: print(s, flush=True)) for m in spec.models]
+        tasks, _ = plan(spec, models, cache, built)
+        _check_breakdown(a, tasks)
+        store.open(json.dumps(spec.to_dict(), indent=1, default=str))
+    except SweepError as e:
+        raise CliError(str(e)) from None
+    res = _run(a, spec, models, store, cache, len(tasks))
+    if res is None:
+        return 130
+    if post and any(r["status"] == "ok" for r in res.rows) \
+            and not any(r["status"] == "ok" and r["meets_constraints"] for r in res.rows):
+        span = "; ".join(_span(c.name, [r[c.name] for r in res.rows if r["status"] == "ok"]) for c in post)
+        print(f"sweep: no ok point meets the constraint(s) {', '.join(map(str, post))} ({span}): every row stays in "
+              f"the tables, and pareto.csv is empty")
+    files = _write_outputs(a.output, res, spec, a)
+    _print_table(res.rows)
+    for name, p in files.items():
+        print(f"wrote {p}")
+    status = _failed_models(spec, res.rows, a.output)
+    if a.verify_rtl:
+        from .rtl import verify_rtl
+        status = max(status, verify_rtl(spec, res.rows, a.verify_rtl, cache))
+    return status
+
+
+def _arch_setup(a, mode: str) -> tuple[SweepSpec, str, list]:
+    """Everything checked before any work: the options, the spec, -o / --cache / --plot, the model files, the
+    points (configurations and constraints on parameters) and the report options. (spec, cache dir, points)."""
     try:
         _arch_mode_checks(a, mode)
         spec = _spec_from_args(a)
@@ -216,27 +236,15 @@ def cmd_arch_sweep(a, why: str = "") -> int:
         _check_report_args(a, [p for p, _, _ in built])
     except SweepError as e:
         raise CliError(str(e)) from None
-    npoints = len(built)
-    print(f"sweep: {mode}: {len(spec.models)} model(s) x {npoints} point(s); results in {a.output}, compile cache "
-          f"{cache}", flush=True)
-    pre = pre_constraints(spec)
-    post = [c for c in spec.constraints if c not in pre]
-    if post:
-        print(f"sweep: constraint(s) on results ({', '.join(map(str, post))}) are checked on each computed point; "
-              f"rows that miss them stay in the tables, off the Pareto fronts", flush=True)
-    store = Store(a.output)
-    try:
-        os.makedirs(cache, exist_ok=True)
-        models = [prepare_model(m, cache, seed=spec.seed, log=lambda s: print(s, flush=True)) for m in spec.models]
-        tasks, _ = plan(spec, models, cache, built)
-        _check_breakdown(a, tasks)
-        store.open(json.dumps(spec.to_dict(), indent=1, default=str))
-    except SweepError as e:
-        raise CliError(str(e)) from None
+    return spec, cache, built
+
+
+def _run(a, spec: SweepSpec, models: list, store: Store, cache: str, total: int):
+    """Run the sweep with a progress bar and say what it did; None when interrupted (the finished points kept)."""
+    from opendpu.runtime.progress import progress_bar
     from opendpu.sim import warm_kernels
     warm_kernels()                      # once in this process: forked workers inherit the compiled kernels
     t0 = time.perf_counter()
-    total = len(tasks)
     try:
         with progress_bar(f"sweep {total} points", enabled=total > 0) as prog:
             res = run(spec, models, store, cache, executor=a.executor or "local", workers=a.workers,
@@ -245,7 +253,7 @@ def cmd_arch_sweep(a, why: str = "") -> int:
         n = len(os.listdir(store.points))
         print(f"opendpu sweep: interrupted; {n} point result(s) are kept in {a.output}: run the same command again "
               f"to finish the sweep", file=sys.stderr)
-        return 130
+        return None
     except SweepError as e:
         raise CliError(str(e)) from None
     dt = time.perf_counter() - t0
@@ -253,25 +261,20 @@ def cmd_arch_sweep(a, why: str = "") -> int:
     failed = sum(r["status"] == "failed" for r in res.rows)
     print(f"sweep: {len(res.rows)} rows: {ok} ok, {failed} failed, {res.excluded} excluded by constraints; "
           f"{res.computed} computed, {res.reused} taken from {a.output} ({dt:.1f} s)")
-    if post and ok and not any(r["status"] == "ok" and r["meets_constraints"] for r in res.rows):
-        span = "; ".join(_span(c.name, [r[c.name] for r in res.rows if r["status"] == "ok"]) for c in post)
-        print(f"sweep: no ok point meets the constraint(s) {', '.join(map(str, post))} ({span}): every row stays in "
-              f"the tables, and pareto.csv is empty")
-    files = _write_outputs(a.output, res, spec, a)
-    _print_table(res.rows)
-    for name, p in files.items():
-        print(f"wrote {p}")
+    return res
+
+
+def _failed_models(spec: SweepSpec, rows: list[dict], out: str) -> int:
+    """2 (each said on stderr) when a model failed on every point it ran, else 0."""
     status = 0
     for m in spec.models:
-        mine = [r for r in res.rows if r["model"] == m.label and r["status"] != "excluded"]
+        mine = [r for r in rows if r["model"] == m.label and r["status"] != "excluded"]
         if mine and not any(r["status"] == "ok" for r in mine):
             reasons = sorted({r["reason"] for r in mine})
             print(f"opendpu sweep: error: model {m.label} failed on every point ({len(mine)}); first reason: "
                   f"{reasons[0]}" + (f" (and {len(reasons) - 1} other reasons)" if len(reasons) > 1 else "")
-                  + f"; the results are kept in {a.output}", file=sys.stderr)
+                  + f"; the results are kept in {out}", file=sys.stderr)
             status = 2
-    if a.verify_rtl:
-        status = max(status, verify_rtl(spec, res.rows, a.verify_rtl, cache))
     return status
 
 
@@ -282,71 +285,3 @@ def _span(name: str, vals: list) -> str:
     return f"{name} of the ok points: " + (f"{xs[0]:g}" if min(xs) == max(xs) else f"{min(xs):g}..{max(xs):g}")
 
 
-def verify_rtl(spec: SweepSpec, rows: list[dict], k: int, cache: str) -> int:
-    """Co-simulate K points of the fps-vs-DSP Pareto front of the first model on the RTL (bit and cycle exact).
-    A zoo model is compiled at an input of at most VERIFY_MAX_SIZE for this check."""
-    import numpy as np
-
-    from opendpu.compiler.pipeline import compile as compile_graph
-    from opendpu.compiler.xir.graph import Graph
-    from opendpu.runtime import sweep_report as rep
-    from opendpu.runtime.archsweep import build_target, compile_target
-    from opendpu.runtime.costmodel import cycle_model
-    from opendpu.runtime.cosim import cosim_programs, subgraph_program
-    from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
-    m = spec.models[0]
-    front = [r for r in rep.pareto_front(rows, "dsp", "fps") if r["model"] == m.label]
-    seen, pick = set(), []
-    for r in sorted(front, key=lambda r: -r["fps"]):
-        key = (r["pp"], r["cp"], r["alu_pp"], r["bank_depth"], r["img_bg"])
-        if key not in seen:
-            seen.add(key)
-            pick.append(r)
-    # spread over the front: the fastest, the smallest and the ones between
-    if len(pick) > k:
-        idx = sorted({round(i * (len(pick) - 1) / max(1, k - 1)) for i in range(k)})
-        pick = [pick[i] for i in idx]
-    if not pick:
-        print(f"opendpu sweep: error: --verify-rtl: model {m.label} has no ok point on its Pareto front",
-              file=sys.stderr)
-        return 2
-    small = m
-    if m.source.startswith("zoo:") and m.source != "zoo:digits":
-        from opendpu.quant import zoo
-        size = m.size or zoo.DEFAULT_SIZE[m.source[4:]]
-        hw = size if isinstance(size, (list, tuple)) else (size, size)
-        if max(hw) > VERIFY_MAX_SIZE:
-            f = VERIFY_MAX_SIZE / max(hw)
-            small = parse_model(m.source, size=[max(32, int(v * f) // 32 * 32) for v in hw], label=m.label)
-    pm = prepare_model(small, cache, seed=spec.seed)
-    g = Graph.load(pm.path)
-    from opendpu.compiler.frontend import detect_form
-    bad = 0
-    rng = np.random.default_rng(spec.seed)
-    for r in pick:
-        t = build_target(json.loads(r["params"]))
-        res = compile_graph(g, compile_target(t), recompile=detect_form(g) == "compiled", cycles=cycle_model,
-                            **spec.options)
-        out = res.graph
-        progs = []
-        for sg in dpu_subgraphs(out):
-            d = DpuSubgraph(out, sg)
-            xs = [rng.integers(-128, 128, size=s.shape, dtype=np.int8) for s in d.inputs]
-            instrs, sizes, init = subgraph_program(d, xs)
-            progs.append((sg.name, instrs, sizes, init))
-        t0 = time.perf_counter()
-        reps = cosim_programs(t, progs) if progs else []
-        ok = bool(reps) and all(x.ok and x.ddr_bytes > 0 for x in reps)       # nothing compared is no match
-        bad += not ok
-        cyc = sum(x.rtl_cycles for x in reps)
-        size = "" if small is m else f" at {small.label}/{small.size}"
-        print(f"verify-rtl {r['point']}{size}: {len(reps)} DPU subgraph(s), RTL {cyc} cycles: "
-              f"{'MATCH' if ok else 'MISMATCH'} ({time.perf_counter() - t0:.0f} s)", flush=True)
-        for x in reps:
-            if not x.ok:
-                print("  " + x.summary(), flush=True)
-    print(f"verify-rtl: {len(pick) - bad}/{len(pick)} Pareto points match the RTL bit and cycle for cycle")
-    return 1 if bad else 0
-
-
-__all__ = ["cmd_arch_sweep", "verify_rtl", "Constraint", "point_id"]
