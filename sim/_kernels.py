@@ -24,6 +24,9 @@ from numba import njit
 from opendpu.isa.fields import FIELD_INDEX, MAX_FIELDS
 from opendpu.isa.program import OP_INDEX
 
+from . import _tilecache as _tc
+from ._fastmac import conv_acc, dw_acc
+
 # ---- opcode indices -------------------------------------------------------------------------------
 OP_LOAD = OP_INDEX["LOAD"]
 OP_SAVE = OP_INDEX["SAVE"]
@@ -460,6 +463,16 @@ def _place(banks, tp, Y, vpp, length, nbytes, bank_id, bao, so, soo, jw, jwe):
 
 
 @njit(cache=True)
+def _conv_post(A, bias, Y, vpp, length, ocp, sb, k, act):
+    """Y[h, x*ocp + o] = dpu_round(ACT((2*A + bias*2^sb) / 2^k)) (spec §6.4) from exact accumulators A."""
+    for h in range(vpp):
+        for x in range(length):
+            for o in range(ocp):
+                a = 2 * A[h, x * ocp + o] + (bias[o] << sb)
+                Y[h, x * ocp + o] = _act_round(a, k, act)
+
+
+@njit(cache=True)
 def _conv_mac(X, Wt, bias, Y, vpp, length, ocp, ic, kh, kw, sh, sw, sb, k, act):
     """CONV arithmetic of spec §6.4: Y[h, x*ocp + o] = dpu_round(ACT((2*acc + bias*2^sb) / 2^k))."""
     L = kw * ic
@@ -481,15 +494,16 @@ def _conv_mac(X, Wt, bias, Y, vpp, length, ocp, ic, kh, kw, sh, sw, sb, k, act):
 
 
 @njit(cache=True)
-def _conv(i, f, banks, tp, st, err):
+def _conv(i, f, banks, tp, st, err, fast, tile, tstate, trows):
+    """CONV (spec §6.4); returns the float32 input tile of the fast path (the previous one when none was made)."""
     if st[STATE_VALID] == 0:
         _fail(err, E_NOINIT, i, OP_CONV, -1, 0, 0, 0, 0)
-        return
+        return tile
     nimg = tp[T_NIMG]
     for col in (CV_BIDI, CV_BIDO):
         if f[col] >= nimg:
             _fail(err, E_BANK_IMG, i, OP_CONV, col, f[col], 0, nimg - 1, 0)
-            return
+            return tile
     cp = tp[T_CP]
     depth = tp[T_DEPTH]
     ocp = cp
@@ -506,7 +520,7 @@ def _conv(i, f, banks, tp, st, err):
     cols_in = (length - 1) * sw + kw
     bidi = f[CV_BIDI]
     if not _pass_check(i, OP_CONV, CV_BIDI, err, tp, bidi, soi, rows_in, sh):
-        return
+        return tile
     co = f[CV_CO]
     nread = ic - co
     if nread < 0:
@@ -517,25 +531,45 @@ def _conv(i, f, banks, tp, st, err):
     x_hi = min(cols_in, cols_in - kw + f[CV_PR] + 1)
     if rows_in * cols_in * ic > MAX_TILE:
         _fail(err, E_TOO_BIG, i, OP_CONV, CV_LEN, length, 1, 0, rows_in * cols_in * ic)
-        return
-    X = np.zeros((rows_in, cols_in * ic), np.int16)
-    _gather(banks, tp, X, rows_in, cols_in, ic, r_lo, r_hi, x_lo, x_hi, nread,
-            bidi, soi, sh, st[CI_JRE], st[CI_JR], f[CV_BAI], f[CV_BAI1], f[CV_BAI2], f[CV_BAI3])
-    # weights [o, ky, kx*ic + i] and bias
-    L = kw * ic
-    Wt = np.empty((ocp, kh, L), np.int16)
-    baw = f[CV_BAW]
-    wbase = tp[T_CONVW]
-    for o in range(ocp):
-        for ky in range(kh):
-            for kx in range(kw):
-                _read(banks[wbase + o], baw + (ky * kw + kx) * cg, ic, Wt[o, ky], kx * ic, depth, cp)
+        return tile
     bias = np.empty(ocp, np.int64)
     _read(banks[tp[T_BIAS]], f[CV_BAB], ocp, bias, 0, depth, cp)
     Y = np.empty((vpp, length * ocp), np.int8)
-    _conv_mac(X, Wt, bias, Y, vpp, length, ocp, ic, kh, kw, sh, sw, st[CI_SB], st[CI_SC] + 1, st[CI_ACT])
+    L = kw * ic
+    baw = f[CV_BAW]
+    wbase = tp[T_CONVW]
+    Xf = tile
+    if fast:
+        # float32 tile (reused from the previous CONV when sim._tilecache allows) and weights, exact by the bound
+        # of sim._fastmac; int64 post-processing below
+        if not _tc.lookup(tstate, st, f):
+            Xf = np.zeros((rows_in, cols_in * ic), np.float32)
+            _gather(banks, tp, Xf, rows_in, cols_in, ic, r_lo, r_hi, x_lo, x_hi, nread,
+                    bidi, soi, sh, st[CI_JRE], st[CI_JR], f[CV_BAI], f[CV_BAI1], f[CV_BAI2], f[CV_BAI3])
+            _tc.store(tstate, trows, st, f, tp[T_PP], depth, cp, rows_in, r_lo, r_hi, x_lo, x_hi, nread,
+                      bidi, soi, sh, st[CI_JRE], st[CI_JR], f[CV_BAI], f[CV_BAI1], f[CV_BAI2], f[CV_BAI3])
+        Wf = np.empty((ocp, kh, L), np.float32)
+        for o in range(ocp):
+            for ky in range(kh):
+                for kx in range(kw):
+                    _read(banks[wbase + o], baw + (ky * kw + kx) * cg, ic, Wf[o, ky], kx * ic, depth, cp)
+        A = np.empty((vpp, length * ocp), np.int64)
+        conv_acc(Xf, Wf, A, vpp, length, ocp, ic, kh, kw, sh, sw)
+        _conv_post(A, bias, Y, vpp, length, ocp, st[CI_SB], st[CI_SC] + 1, st[CI_ACT])
+    else:
+        X = np.zeros((rows_in, cols_in * ic), np.int16)
+        _gather(banks, tp, X, rows_in, cols_in, ic, r_lo, r_hi, x_lo, x_hi, nread,
+                bidi, soi, sh, st[CI_JRE], st[CI_JR], f[CV_BAI], f[CV_BAI1], f[CV_BAI2], f[CV_BAI3])
+        # weights [o, ky, kx*ic + i]
+        Wt = np.empty((ocp, kh, L), np.int16)
+        for o in range(ocp):
+            for ky in range(kh):
+                for kx in range(kw):
+                    _read(banks[wbase + o], baw + (ky * kw + kx) * cg, ic, Wt[o, ky], kx * ic, depth, cp)
+        _conv_mac(X, Wt, bias, Y, vpp, length, ocp, ic, kh, kw, sh, sw, st[CI_SB], st[CI_SC] + 1, st[CI_ACT])
     _place(banks, tp, Y, vpp, length, ocp, f[CV_BIDO], f[CV_BAO], st[CI_SO], st[CI_SOO], st[CI_JW],
            st[CI_JWE])
+    return Xf
 
 
 # ---- ALU -------------------------------------------------------------------------------------------
@@ -566,7 +600,7 @@ def _aluinit(i, f, tp, alu_st, err):
 
 
 @njit(cache=True)
-def _alu(i, f, banks, tp, st, err):
+def _alu(i, f, banks, tp, st, err, fast):
     if st[STATE_VALID] == 0:
         _fail(err, E_NOINIT, i, OP_ALU, -1, 0, 0, 0, 1)
         return
@@ -656,24 +690,30 @@ def _alu(i, f, banks, tp, st, err):
             _read(banks[tp[T_BIAS]], f[AL_BAB], ic, bias, 0, depth, cp)
         sb = st[AI_SB]
         k = sc + 1 if mode == 0 else sc
-        acc = np.empty(ic, np.int64)
+        if fast and mode != 8:       # int8 weights: float32 lanes, exact by the bound of sim._fastmac
+            A = np.empty((vpp, length * ic), np.int64)
+            dw_acc(X.astype(np.float32), Wt.astype(np.float32), A, vpp, length, ic, kh, kw, kd, sh, sw)
+        else:
+            A = np.zeros((vpp, length * ic), np.int64)
+            for h in range(vpp):
+                for x in range(length):
+                    acc = A[h, x * ic:(x + 1) * ic]
+                    for ky in range(kh):
+                        row = X[h * sh + ky]
+                        for kx in range(kw):
+                            for d in range(kd):
+                                p = (x * sw + kx) * ick + d * ic
+                                wr = Wt[(ky * kw + kx) * kd + d]
+                                xs = row[p:p + ic]
+                                for c in range(ic):
+                                    acc[c] += np.int64(xs[c]) * wr[c]
         for h in range(vpp):
             for x in range(length):
-                acc[:] = 0
-                for ky in range(kh):
-                    row = X[h * sh + ky]
-                    for kx in range(kw):
-                        for d in range(kd):
-                            p = (x * sw + kx) * ick + d * ic
-                            wr = Wt[(ky * kw + kx) * kd + d]
-                            xs = row[p:p + ic]
-                            for c in range(ic):
-                                acc[c] += np.int64(xs[c]) * wr[c]
                 for c in range(ic):
                     if mode == 0:
-                        a = 2 * acc[c] + (bias[c] << sb)
+                        a = 2 * A[h, x * ic + c] + (bias[c] << sb)
                     else:
-                        a = acc[c]
+                        a = A[h, x * ic + c]
                     Y[h, x * ic + c] = _act_round(a, k, act)
     elif mode == 1 or mode == 4:
         alpha = np.empty(ic, np.int64)
@@ -853,10 +893,13 @@ def _elew(i, f, banks, tp, elew_st, elew_ok, err):
 # ---- main loop -------------------------------------------------------------------------------------
 @njit(cache=True)
 def run_range(op, fl, start, stop, banks, ddr, reg_off, reg_size, tp, conv_st, alu_st, elew_st, elew_ok,
-              counts, ld_bytes, sv_bytes, err, status):
+              counts, ld_bytes, sv_bytes, err, status, fast):
     maxch = 16384 + 64
     buf = np.empty(maxch, np.int8)
     status[1] = 0
+    tile = np.empty((0, 0), np.float32)         # the fast path's last CONV input tile (sim._tilecache)
+    tstate = np.zeros(_tc.NKEY + 2, np.int64)
+    trows = np.zeros((_tc.MAX_ROWS, 3), np.int64)
     for i in range(start, stop):
         o = op[i]
         f = fl[i]
@@ -865,11 +908,11 @@ def run_range(op, fl, start, stop, banks, ddr, reg_off, reg_size, tp, conv_st, a
         elif o == OP_SAVE:
             _save(i, f, banks, ddr, reg_off, reg_size, tp, sv_bytes, err, buf)
         elif o == OP_CONV:
-            _conv(i, f, banks, tp, conv_st, err)
+            tile = _conv(i, f, banks, tp, conv_st, err, fast, tile, tstate, trows)
         elif o == OP_CONVINIT:
             _convinit(i, f, tp, conv_st, err)
         elif o == OP_ALU:
-            _alu(i, f, banks, tp, alu_st, err)
+            _alu(i, f, banks, tp, alu_st, err, fast)
         elif o == OP_ALUINIT:
             _aluinit(i, f, tp, alu_st, err)
         elif o == OP_ELEWINIT:
@@ -886,5 +929,7 @@ def run_range(op, fl, start, stop, banks, ddr, reg_off, reg_size, tp, conv_st, a
         if err[0] != 0:
             status[0] = i
             return
+        if fast:
+            _tc.invalidate_after(o, f, conv_st, alu_st, tstate, trows, tp[T_PP], tp[T_DEPTH], tp[T_CP])
         counts[o] += 1
     status[0] = stop

@@ -99,10 +99,15 @@ class DpuMachine:
     banks: int8 [num_banks, bank_depth*bank_width] (one flat byte array per bank, spec §2.3).
     DDR: every allocated register is a zero-initialised int8 array of exactly reg_sizes[k] bytes
     (stored in one flat buffer, 4 KiB aligned); all range checks use the exact size (spec §2.6).
+    fast: the arithmetic of CONV and ALU dwconv runs through the vectorised exact kernels of `sim._fastmac`, and
+    consecutive CONVs over the same input reuse its gathered tile (`sim._tilecache`) (default). False selects the
+    scalar integer loops, bit-identical and slower, kept only as tests/test_sim_fast.py's reference.
     """
 
-    def __init__(self, target: Target, reg_sizes: dict[int, int], init_fill: str = "random", seed: int = 0):
+    def __init__(self, target: Target, reg_sizes: dict[int, int], init_fill: str = "random", seed: int = 0,
+                 fast: bool = True):
         self.target = target
+        self.fast = fast
         t = target
         self._tp = _target_params(t)
         nbytes = t.bank_depth * t.bank_width
@@ -203,7 +208,7 @@ class DpuMachine:
         self._err[:] = 0
         K.run_range(op, fl, start, stop, self.banks, self._ddr, self._reg_off, self._reg_size, self._tp,
                     self._conv_st, self._alu_st, self._elew_st, self._elew_ok, self._counts,
-                    self._ld_bytes, self._sv_bytes, self._err, self._status)
+                    self._ld_bytes, self._sv_bytes, self._err, self._status, int(self.fast))
         self.pc = int(self._status[0])
         self.ended = bool(self._status[1])
         if self._err[0] != 0:

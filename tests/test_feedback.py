@@ -65,14 +65,32 @@ def test_numba_cache_dir_default_and_override(tmp_path):
     xdg = str(tmp_path / "xdg")
     for pre in ("", "import numba\n"):         # also when numba was imported before sim
         cfg, path, default = json.loads(_py(pre + code, _env(XDG_CACHE_HOME=xdg)))
-        assert cfg == default == os.path.join(xdg, "opendpu", "numba")
-        assert path.startswith(cfg)
+        assert cfg == default and os.path.dirname(cfg) == os.path.join(xdg, "opendpu", "numba")
+        assert os.path.basename(cfg).startswith("src-") and path.startswith(cfg)
     mine = str(tmp_path / "mine")
     cfg, path, _ = json.loads(_py(code, _env(XDG_CACHE_HOME=xdg, NUMBA_CACHE_DIR=mine)))
     assert cfg == mine and path.startswith(mine)  # a user-set NUMBA_CACHE_DIR wins
     home = str(tmp_path / "home")
     cfg, _, _ = json.loads(_py(code, _env(HOME=home, XDG_CACHE_HOME="relative/ignored")))
-    assert cfg == os.path.join(home, ".cache", "opendpu", "numba")
+    assert os.path.dirname(cfg) == os.path.join(home, ".cache", "opendpu", "numba")
+
+
+def test_numba_cache_key_follows_every_jitted_source(tmp_path):
+    """An edit of any file a kernel inlines (isa/, sim/, quant/calib.py) gives another cache directory; other files
+    do not (Numba alone checks only the file that defines a kernel, so sim/_kernels.py would reuse stale code after
+    an edit of sim/_fastmac.py)."""
+    from opendpu.isa.numba_cache import source_key
+    for d, f in (("isa", "check.py"), ("sim", "_kernels.py"), ("sim", "_fastmac.py"), ("quant", "calib.py"),
+                 ("quant", "zoo.py")):
+        (tmp_path / d).mkdir(exist_ok=True)
+        (tmp_path / d / f).write_text("x = 1\n")
+    before = source_key(str(tmp_path))
+    (tmp_path / "quant" / "zoo.py").write_text("x = 2\n")
+    assert source_key(str(tmp_path)) == before
+    for d, f in (("sim", "_fastmac.py"), ("isa", "check.py"), ("quant", "calib.py")):
+        (tmp_path / d / f).write_text((tmp_path / d / f).read_text() + "y = 3\n")
+        assert source_key(str(tmp_path)) != before, f
+        before = source_key(str(tmp_path))
 
 
 def test_warm_kernels_in_process_reports_no_compile_when_ready():
