@@ -4,7 +4,7 @@ SHARED  ?= ../shared
 MODELS  := $(SHARED)/models
 export AMARANTH_USE_YOSYS ?= builtin
 
-.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-ocr bench-accuracy bench-compile bench-recompile bench-calibration bench-resources bench-sweep proto clean synth bench-synth
+.PHONY: all venv iverilog demo lint test test-slow bench bench-rtl bench-quant bench-ocr bench-accuracy bench-compile bench-functional bench-recompile bench-calibration bench-resources bench-sweep proto clean synth bench-synth
 
 all: test
 
@@ -67,6 +67,12 @@ bench-accuracy: venv
 bench-compile: venv
 	@mkdir -p build
 	$(PY) benchmarks/bench_compile.py --csv build/bench_compile.csv
+
+# Bit-exact emulation speed: ResNet-50, MobileNet v2 (zoo) and YOLOX-nano (shared) on ref / sim beside onnxruntime
+# float32 and int8, and compare's images/s (issue 32). BENCH_FUNC_ARGS to select (e.g. --images 0 --models resnet50).
+BENCH_FUNC_ARGS ?=
+bench-functional: venv
+	$(PY) benchmarks/bench_functional.py $(BENCH_FUNC_ARGS)
 
 # the shared AMD models recompiled by opendpu beside AMD's programs; YOLOX-nano on every preset
 bench-recompile: venv

@@ -14,7 +14,10 @@ emulator agree bit for bit:
 * hard-sigmoid: the 2731/2^14 form (§7.6).
 
 All integer arithmetic is exact (int64; float64/float32 matrix products are used only where every
-partial sum is an integer provably below 2^53 / 2^24).
+partial sum is an integer provably below 2^53 / 2^24).  With ``FAST`` (the default) convolutions and eltwise
+ADD run on the whole-layer kernels of _fast.py (im2col + BLAS, float32 chunks proven exact, rounding
+vectorised in float); ``FAST = False`` selects the integer paths they replaced, which tests/test_ref_fast.py
+compares them with.
 """
 
 from __future__ import annotations
@@ -24,10 +27,16 @@ from typing import Sequence
 
 import numpy as np
 
+from . import _fast
 from ._common import (DPU_ROUND, PY3_ROUND, STD_ROUND, RefError, _absmax, _conv_acc_chunks, _conv_geometry,
                       _Ctx, _dw_acc_rows, _fit_window, _HANDLERS, _register, _transpose_input)
 
 __all__ = ["RefError", "dpu_round", "evaluate", "SUPPORTED"]
+
+# True: convolutions (plain, grouped, depthwise, transposed) and eltwise ADD on the fast exact kernels of _fast.py
+# (BLAS in float32 / float64 where its bounds prove every sum exact, vectorised post-processing).  False: the
+# integer / per-kernel-position paths they replaced, kept only so that tests/test_ref_fast.py can compare the two.
+FAST = True
 
 
 # --------------------------------------------------------------------------------------------------
@@ -252,7 +261,7 @@ def _conv_operands(ctx: _Ctx) -> tuple[np.ndarray, np.ndarray]:
     """Input and weights of a (depthwise / transposed) conv, checked to be 4-D with a 4-D output."""
     ctx.need_inputs(2, 3)
     x = ctx.int_input(0, small=True)
-    w = ctx.int_input(1)
+    w = ctx.int_input(1, small=True)
     _check_4d(ctx, x, "input")
     _check_4d(ctx, w, "weights")
     if len(ctx.out_shape) != 4:
@@ -272,9 +281,54 @@ def _conv_like(ctx: _Ctx, transposed: bool) -> np.ndarray:
     if oc != O or N != x.shape[0]:
         raise ctx.error(f"output shape {list(ctx.out_shape)} does not match input batch "
                         f"{x.shape[0]} / weights {list(w.shape)}")
+    if FAST:
+        if x.shape[3] != Ig * groups or O % groups:
+            raise ctx.error(f"channels do not match: input C={x.shape[3]}, weights {list(w.shape)}, "
+                            f"group={groups}")
+        xp = _fit_window(ctx, x, (oh, ow), (kh, kw), strides, dils, pads, 0)
+        if groups > 1 and Ig == 1:           # one input channel per group: the depthwise kernel
+            wd = w[..., 0].reshape(groups, O // groups, kh, kw).transpose(1, 2, 3, 0)
+            return _fast_depthwise(ctx, xp, wd, (oh, ow), strides, dils, bias, sc, sb_eff, fp_out,
+                                   nl, alpha, prelu, mode)
+        try:
+            gemm = _fast.ConvGemm(xp, w, groups, (oh, ow), strides, dils)
+        except ValueError as e:
+            raise ctx.error(str(e)) from None
+        out = np.empty((N, oh, ow, O), dtype=np.int8)
+        for r0 in range(0, oh, gemm.row_block):
+            r1 = min(oh, r0 + gemm.row_block)
+            out[:, r0:r1] = _fast_finish(ctx, gemm.rows(r0, r1), gemm.acc_bound, bias, sc, sb_eff, fp_out,
+                                         nl, alpha, prelu, mode)
+        return out
     out = np.empty((N, oh, ow, O), dtype=np.int8)
     for n, r0, r1, acc in _conv_acc_chunks(ctx, x, w, groups, (oh, ow), strides, dils, pads):
         out[n, r0:r1] = _finish_conv(ctx, acc, bias, sc, sb_eff, fp_out, nl, alpha, prelu, mode)
+    return out
+
+
+def _fast_finish(ctx, acc, acc_bound, bias, sc, sb_eff, fp_out, nl, alpha, prelu, mode):
+    """_finish_conv of a float accumulator holding exact integers: vectorised in float64 where _fast proves it
+    exact (DPU_ROUND), else the integer path."""
+    if mode == DPU_ROUND:
+        slope = prelu
+        if nl in ("LEAKYRELU", "LEAKY-RELU") and prelu is None:
+            slope = _dyadic(ctx, 26 / 256 if alpha is None else alpha, "LEAKYRELU_alpha")
+        y = _fast.finish_dpu_round(acc, acc_bound, bias, sc, sb_eff, nl, fp_out, slope)
+        if y is not None:
+            return y
+    return _finish_conv(ctx, acc.astype(np.int64), bias, sc, sb_eff, fp_out, nl, alpha, prelu, mode)
+
+
+def _fast_depthwise(ctx, xp, w, out_hw, strides, dils, bias, sc, sb_eff, fp_out, nl, alpha, prelu, mode):
+    """Depthwise conv of the padded xp with w [M, kh, kw, C] on the exact float kernels of _fast."""
+    N, C = xp.shape[0], xp.shape[3]
+    M = w.shape[0]
+    bound = _fast.depthwise_bound(xp, w)
+    if bound >= (1 << 53):
+        raise ctx.error("accumulator could exceed 2^53")
+    out = np.empty((N, out_hw[0], out_hw[1], C * M), dtype=np.int8)
+    for r0, r1, acc in _fast.depthwise_blocks(xp, w, out_hw, strides, dils):
+        out[:, r0:r1] = _fast_finish(ctx, acc, bound, bias, sc, sb_eff, fp_out, nl, alpha, prelu, mode)
     return out
 
 
@@ -310,6 +364,9 @@ def _dwconv_like(ctx: _Ctx, transposed: bool) -> np.ndarray:
         raise ctx.error(f"output shape {list(ctx.out_shape)} does not match input / weights "
                         f"{list(w.shape)}")
     xp = _fit_window(ctx, x, (oh, ow), (kh, kw), strides, dils, pads, 0)
+    if FAST:
+        return _fast_depthwise(ctx, xp, w, (oh, ow), strides, dils, bias, sc, sb_eff, fp_out, nl, alpha, prelu,
+                               mode)
     out = np.empty((N, oh, ow, oc), dtype=np.int8)
     rows = max(1, (1 << 21) // max(1, N * ow * oc))
     for r0 in range(0, oh, rows):
@@ -422,12 +479,18 @@ def _op_eltwise_fix(ctx: _Ctx) -> np.ndarray:
     nl = str(ctx.attrs.get("nonlinear", "NONE") or "NONE").upper()
     if typ in ("LEAKY-RELU", "LEAKYRELU", "PRELU"):
         return _eltwise_prelu(ctx, typ, fp_out, mode)
-    xs = [ctx.int_input(i) for i in range(len(ctx.inputs))]
+    xs = [ctx.int_input(i, small=FAST) for i in range(len(ctx.inputs))]
     fps = [ctx.fix(i) for i in range(len(xs))]
     try:
         xs = list(np.broadcast_arrays(*xs))
     except ValueError:
         raise ctx.error(f"input shapes {[list(x.shape) for x in xs]} do not broadcast") from None
+    if FAST and typ == "ADD" and mode == DPU_ROUND:
+        fmin = min(fps)
+        y = _fast.eltwise_add_dpu_round(xs, [fp - fmin for fp in fps], 2 - (fp_out - fmin), nl)
+        if y is not None:
+            return y
+    xs = [x.astype(np.int64, copy=False) for x in xs]
     if typ == "ADD":
         fmin = min(fps)
         # DPU ELEW: t_i = floor(x_i * 4 / 2^(fp_i - fmin)); value = sum(t) / 4 * 2^(fp_out - fmin)
