@@ -14,9 +14,8 @@ shared models directory, ../shared/models/yolox_nano_b4096.xmodel), all in one p
     calibration images); YOLOX-nano has no float ONNX here, so its onnxruntime columns are n/a;
   * the ratio of every row to the fastest onnxruntime int8 model (issue 32's goal: ref <= 2x, sim <= 4x);
   * images/s of runtime.compare.compare (float onnxruntime beside the xmodel on ref / sim) over --images random
-    images, with 1 worker and with 2 workers.  The workers come with issue 32 item 3 (compare over a process pool):
-    until runtime.compare.compare accepts `workers`, the 2-worker column prints "n/a (item 3)" (the hook is
-    `compare_images_per_s`).  YOLOX-nano: n/a (no float ONNX to compare with).
+    images, with 1 worker (in process) and with 2 worker processes (`compare(..., workers=2)`, issue 32 item 3;
+    worker start-up included).  YOLOX-nano: n/a (no float ONNX to compare with).
 
 Output: one table per model and a fixed last line per model:
   RESULT <model>: ref <ms> ms (<x> fastest int8) sim <ms> ms (<x>) ort-int8 <ms> ms (<label>) compare-ref <i/s> ...
@@ -25,7 +24,6 @@ Numbers are noisy on a loaded machine: the load average is printed with every ta
 from __future__ import annotations
 
 import argparse
-import inspect
 import logging
 import os
 import statistics
@@ -114,19 +112,13 @@ def ort_times(models: list[tuple[str, str]], size: int, reps: int) -> list[tuple
     return rows
 
 
-# ---- compare throughput (issue 32 item 3 hook) ---------------------------------------------------------------
-def compare_images_per_s(onnx_path: str, xmodel_path: str, data: np.ndarray, backend: str,
-                         workers: int) -> float | None:
-    """Images/s of runtime.compare.compare over `data` on `backend` with `workers` processes, or None when
-    compare has no `workers` parameter yet (issue 32 item 3) and workers > 1."""
+# ---- compare throughput (issue 32 item 3) ----------------------------------------------------------------------
+def compare_images_per_s(onnx_path: str, xmodel_path: str, data: np.ndarray, backend: str, workers: int) -> float:
+    """Images/s of runtime.compare.compare over `data` on `backend` with `workers` processes (wall time, worker
+    start-up included)."""
     from opendpu.runtime.compare import compare
-    kw = {}
-    if "workers" in inspect.signature(compare).parameters:
-        kw["workers"] = workers
-    elif workers != 1:
-        return None
     t0 = time.perf_counter()
-    rep = compare(onnx_path, xmodel_path, data, task="raw", backend=backend, **kw)
+    rep = compare(onnx_path, xmodel_path, data, task="raw", backend=backend, workers=workers)
     dt = time.perf_counter() - t0
     if rep.get("samples") != len(data):
         raise RuntimeError(f"compare ran {rep.get('samples')} samples, not {len(data)}")
@@ -207,7 +199,7 @@ def bench_model(name: str, a, work: str) -> str:
             for w in (1, 2):
                 ips[backend, w] = compare_images_per_s(onnx_path, xpath, data, backend, w)
             print(f"    {backend:4s}: 1 worker {fmt_ips(ips[backend, 1])}, "
-                  f"2 workers {fmt_ips(ips[backend, 2], 'n/a (item 3)')}", flush=True)
+                  f"2 workers {fmt_ips(ips[backend, 2])}", flush=True)
     d = dict(times)
     parts = [f"RESULT {name}:"]
     for backend in a.backends:
@@ -218,9 +210,8 @@ def bench_model(name: str, a, work: str) -> str:
             parts.append(f"{backend}-1t {fmt_ms(t)} ms ({fmt_ratio(t, base)})")
     parts.append(f"ort-int8 {fmt_ms(base)} ms ({fastest[0].replace('onnxruntime int8 ', '') if fastest else NA})")
     for backend in a.compare_backends:
-        why = NA if onnx_path is None else "n/a (item 3)"
         parts.append(f"compare-{backend} {fmt_ips(ips.get((backend, 1)))}/"
-                     f"{fmt_ips(ips.get((backend, 2)), why)} img/s (1/2 workers)")
+                     f"{fmt_ips(ips.get((backend, 2)))} img/s (1/2 workers)")
     parts.append(f"load {load()}")
     return " ".join(parts)
 

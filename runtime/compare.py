@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import time
 
 import numpy as np
 
@@ -397,37 +398,65 @@ class Comparison:
         return dict(zip(self.onnx_outputs, outs))
 
     def _dpu(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        res = self.runner.run([x], keep_values=True, layout=self.layout)
-        vals = {name: v for name, (v, _fp) in self.runner.output_values(res).items()}   # float, by fix_point
-        return {o: self.conv[o](vals[s.name]) for o, s in self.pairs.items()}
+        """The xmodel's outputs for one sample, as the ONNX outputs (by name, in their layout)."""
+        return _Evaluator(self.sess, self.runner, self._spec())._dpu(x)
 
-    def run(self, progress=None) -> dict:
-        """Run every sample through onnxruntime and the xmodel; the report dict (see `compare`)."""
+    def _spec(self) -> dict:
+        """What a worker process needs to measure samples as this comparison does (picklable)."""
+        g = self.runner.graph
+        return {"onnx": self.onnx_path, "xmodel": self.xmodel if os.path.isfile(self.xmodel) else g.serialize(),
+                "backend": self.backend, "in_name": self.in_name, "outputs": self.onnx_outputs,
+                "pairs": {o: s.name for o, s in self.pairs.items()}, "shapes": self.shapes, "layout": self.layout,
+                "task": self.task,
+                "det": (getattr(self, "det_output", None), getattr(self, "det_channels_first", True)),
+                "score_threshold": self.score_threshold, "iou": self.iou}
+
+    def run(self, progress=None, workers: int = 1) -> dict:
+        """Run every sample through onnxruntime and the xmodel; the report dict (see `compare`). With `workers`
+        > 1, the samples are shared among that many processes (runtime.pool); the report is the same, as
+        every sample is measured alone and the sums are taken in sample order here."""
+        from opendpu.runtime.pool import check_workers, chunks, map_chunks, throughput
+        try:
+            workers = check_workers(workers)
+        except ValueError as e:
+            raise CompareError(str(e)) from None
         n = len(self.x)
+        workers = min(workers, n)
+        t0 = time.perf_counter()
+        parts = chunks(n, workers)
+        if workers == 1:
+            ev = _Evaluator(self.sess, self.runner, self._spec())
+            recs = []
+            for r in parts:
+                recs.append(ev.measure(self.x[r.start:r.stop]))
+                if progress:
+                    progress(r.stop, n, "samples")
+        else:
+            if self.backend == "sim" and self.runner.runners:
+                from opendpu.sim import warm_kernels
+                warm_kernels()          # compiled once, here: the workers load them from Numba's disk cache
+            recs = map_chunks(_measure, [self.x[r.start:r.stop] for r in parts], workers, _load, (self._spec(),),
+                              progress=progress, sizes=[len(r) for r in parts])
+        seconds = time.perf_counter() - t0
         acc = {o: {"signal": 0.0, "noise": 0.0, "max_abs_err": 0.0, "min": math.inf, "max": -math.inf}
                for o in self.onnx_outputs}
         fl_top, dp_top = [], []
         det = DetectionTally(self.score_threshold, self.iou, getattr(self, "det_channels_first", True))
-        for i in range(n):
-            xi = self.x[i:i + 1]
-            f, d = self._float(xi), self._dpu(xi)
-            for o in self.onnx_outputs:
-                fv, dv = np.asarray(f[o], np.float64), np.asarray(d[o], np.float64)
-                e = fv - dv
+        for rec in (r for part in recs for r in part):          # in sample order, whatever the workers
+            for o, (signal, noise, err, lo, hi) in zip(self.onnx_outputs, rec["outputs"]):
                 a = acc[o]
-                a["signal"] += float(np.sum(fv * fv))
-                a["noise"] += float(np.sum(e * e))
-                if e.size:
-                    a["max_abs_err"] = max(a["max_abs_err"], float(np.max(np.abs(e))))
-                    a["min"], a["max"] = min(a["min"], float(fv.min())), max(a["max"], float(fv.max()))
+                a["signal"] += signal
+                a["noise"] += noise
+                if err is not None:
+                    a["max_abs_err"] = max(a["max_abs_err"], err)
+                    a["min"], a["max"] = min(a["min"], lo), max(a["max"], hi)
             if self.task == "classify":
-                o = self.onnx_outputs[0]
-                fl_top.append(int(np.argmax(np.reshape(f[o], -1))))
-                dp_top.append(int(np.argmax(np.reshape(d[o], -1))))
+                fl_top.append(rec["top1"][0])
+                dp_top.append(rec["top1"][1])
             elif self.task == "detect":
-                det.add(f[self.det_output][0], d[self.det_output][0])
-            if progress:
-                progress(i + 1, n, "samples")
+                det.float_detections += rec["det"][0]
+                det.dpu_detections += rec["det"][1]
+                det.matched += rec["det"][2]
         outputs = []
         for o in self.onnx_outputs:
             a = acc[o]
@@ -445,15 +474,82 @@ class Comparison:
         elif self.task == "detect":
             metric = {"output": self.det_output, **det.result()}
         return {"model": self.onnx_path, "xmodel": self.xmodel, "backend": self.backend, "target": self.target,
-                "data": self.data_name, "samples": n, "task": self.task, "metric": metric, "outputs": outputs}
+                "data": self.data_name, "samples": n, "task": self.task, "metric": metric, "outputs": outputs,
+                "throughput": throughput(n, seconds, workers)}
+
+
+class _Evaluator:
+    """Measures samples one at a time: onnxruntime and the xmodel side by side, each sample's sums and extremes
+    (folded in sample order by `Comparison.run`). Built in process, or once per pool worker by `_load`."""
+
+    def __init__(self, sess, runner, spec: dict):
+        self.sess, self.runner, self.spec = sess, runner, spec
+        specs = {s.name: s for s in runner.get_outputs()}
+        self.pairs = {o: specs[name] for o, name in spec["pairs"].items()}
+        self.conv = {o: _layout_fn(s.dims, spec["shapes"][o]) for o, s in self.pairs.items()}
+
+    def _dpu(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        res = self.runner.run([x], keep_values=True, layout=self.spec["layout"])
+        vals = {name: v for name, (v, _fp) in self.runner.output_values(res).items()}   # float, by fix_point
+        return {o: self.conv[o](vals[s.name]) for o, s in self.pairs.items()}
+
+    def measure(self, x: np.ndarray) -> list[dict]:
+        sp, recs = self.spec, []
+        for i in range(len(x)):
+            xi = x[i:i + 1]
+            f = dict(zip(sp["outputs"], self.sess.run(sp["outputs"], {sp["in_name"]: xi})))
+            d = self._dpu(xi)
+            rec: dict = {"outputs": []}
+            for o in sp["outputs"]:
+                fv, dv = np.asarray(f[o], np.float64), np.asarray(d[o], np.float64)
+                e = fv - dv
+                rec["outputs"].append((float(np.sum(fv * fv)), float(np.sum(e * e)),
+                                       float(np.max(np.abs(e))) if e.size else None,
+                                       float(fv.min()) if e.size else None, float(fv.max()) if e.size else None))
+            if sp["task"] == "classify":
+                o = sp["outputs"][0]
+                rec["top1"] = (int(np.argmax(np.reshape(f[o], -1))), int(np.argmax(np.reshape(d[o], -1))))
+            elif sp["task"] == "detect":
+                out, first = sp["det"]
+                fd = decode_yolo(f[out][0], sp["score_threshold"], NMS_IOU, first)
+                dd = decode_yolo(d[out][0], sp["score_threshold"], NMS_IOU, first)
+                rec["det"] = (len(fd[0]), len(dd[0]), match_detections(fd, dd, sp["iou"]))
+            recs.append(rec)
+        return recs
+
+
+_WORKER: _Evaluator | None = None
+
+
+def _load(spec: dict) -> None:
+    """Pool initializer: the float model's session and the xmodel's runner, once per worker."""
+    global _WORKER
+    from opendpu.compiler.xir.graph import Graph
+    from opendpu.quant.emit import session
+    from opendpu.quant.onnx_in import load_onnx
+    from opendpu.runtime.runner import GraphRunner
+    src = spec["xmodel"]
+    g = Graph.deserialize(src) if isinstance(src, bytes) else Graph.load(src)
+    runner = GraphRunner(g, backend=spec["backend"])
+    if spec["backend"] == "sim":
+        from opendpu.sim import warm_kernels
+        warm_kernels()
+    _WORKER = _Evaluator(session(load_onnx(spec["onnx"])), runner, spec)
+
+
+def _measure(x: np.ndarray) -> list[dict]:
+    """Pool task: the records of a chunk of samples."""
+    assert _WORKER is not None, "the pool initializer loads the models"
+    return _WORKER.measure(x)
 
 
 def compare(onnx_path, build_dir, data, task: str = "auto", backend: str = "sim", limit: int | None = None,
-            score_threshold: float = 0.25, iou: float = 0.5, progress=None) -> dict:
+            score_threshold: float = 0.25, iou: float = 0.5, progress=None, workers: int = 1) -> dict:
     """Float onnxruntime against the compiled xmodel on `backend` over `data` (a path: .npy, .npz with x and
     optional labels y, a folder of .npy; an array; or (x, y)). Returns the report: task metric and per-output
-    SQNR (dB, inf when equal), max abs error and float range."""
-    return Comparison(onnx_path, build_dir, data, task, backend, limit, score_threshold, iou).run(progress)
+    SQNR (dB, inf when equal), max abs error and float range, and the throughput (images/s with `workers`
+    processes; the other numbers do not depend on `workers`)."""
+    return Comparison(onnx_path, build_dir, data, task, backend, limit, score_threshold, iou).run(progress, workers)
 
 
 # ---- rendering ---------------------------------------------------------------------------------------------
@@ -492,6 +588,10 @@ def format_report(rep: dict) -> str:
     w = [max(len(r[k]) for r in rows) for k in range(5)]
     for r in rows:
         lines.append("  " + "  ".join(c.ljust(w[k]) if k < 3 else c.rjust(w[k]) for k, c in enumerate(r)).rstrip())
+    t = rep.get("throughput")
+    if t and t.get("images_per_s") is not None:
+        lines.append(f"throughput: {t['images_per_s']:g} images/s ({rep['samples']} samples in {t['seconds']:g} s, "
+                     f"{t['workers']} worker{'s' if t['workers'] > 1 else ''})")
     return "\n".join(lines) + "\n"
 
 

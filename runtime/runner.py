@@ -179,6 +179,12 @@ class Runner:
         return [vals[s.op_name] for s in self._outputs]
 
 
+def _stack(parts: list[dict]) -> dict:
+    """Per-run dicts of arrays -> one dict, each array concatenated along its leading (batch) dimension."""
+    return {k: np.concatenate([np.asarray(p[k]) for p in parts]) if np.ndim(parts[0][k])
+            else np.stack([np.asarray(p[k]) for p in parts]) for k in parts[0]}
+
+
 def layout_name(dims) -> str:
     """The layout the DPU uses for a tensor of this rank (NHWC for images)."""
     return "NHWC" if len(dims) == 4 else f"{len(dims)}-D, as stored"
@@ -302,7 +308,11 @@ class GraphRunner:
         return out
 
     def run(self, inputs, keep_values: bool = False, layers: bool = False, layout: str = "nhwc") -> GraphResult:
-        """inputs: list in get_inputs() order, or dict by tensor or op name (NHWC, or NCHW with layout)."""
+        """inputs: list in get_inputs() order, or dict by tensor or op name (NHWC, or NCHW with layout).
+
+        A batch (every input's leading dimension N times the model's) runs N times through the same runners, so
+        the DPU program, its machine and its kernels are set up once (the batch column of vaitrace); the
+        outputs, values and layers come back stacked along the leading dimension, as N single runs would give."""
         if isinstance(inputs, dict):
             lst = []
             for s in self._inputs:
@@ -317,6 +327,43 @@ class GraphRunner:
         if len(inputs) != len(self._inputs):
             raise RuntimeErrorDPU(f"graph {self.graph.name!r} takes {len(self._inputs)} inputs "
                                   f"({[t.name for t in self._inputs]}), got {len(inputs)}")
+        n = self.batch_of(inputs, layout)
+        if n == 1:
+            return self._run_one(inputs, keep_values, layers, layout)
+        inputs = [np.asarray(x) for x in inputs]
+        b = [s.dims[0] for s in self._inputs]
+        parts = [self._run_one([x[i * k:(i + 1) * k] for x, k in zip(inputs, b)], keep_values, layers, layout)
+                 for i in range(n)]
+        return GraphResult(_stack([p.outputs for p in parts]), _stack([p.values for p in parts]),
+                           {sg: _stack([p.dpu_outputs[sg] for p in parts]) for sg in parts[0].dpu_outputs},
+                           {sg: _stack([p.layers[sg] for p in parts]) for sg in parts[0].layers})
+
+    def batch_of(self, inputs: list, layout: str = "nhwc") -> int:
+        """How many runs of the model a list of inputs holds: 1 for inputs of the model's shape; N when every
+        input's leading dimension is N times the model's (a batch, the rest of the shape equal). A leading
+        dimension that is not such a multiple, or batches of different sizes, is an error naming the input."""
+        counts = []
+        for spec, x in zip(self._inputs, inputs):
+            shape = tuple(np.shape(x))
+            if layout == "nchw" and len(shape) == 4 and len(spec.dims) == 4:
+                shape = (shape[0], shape[2], shape[3], shape[1])
+            if not spec.dims or len(shape) != len(spec.dims) or shape[1:] != tuple(spec.dims[1:]) \
+                    or shape[0] == spec.dims[0]:
+                counts.append((spec, 1))            # one run; prepare_input checks the shape itself
+                continue
+            if shape[0] == 0 or spec.dims[0] == 0 or shape[0] % spec.dims[0]:
+                raise RuntimeErrorDPU(f"input {spec.name!r}: leading dimension {shape[0]} is not a batch of the "
+                                      f"model's {list(spec.dims)} ({layout_name(spec.dims)}; a batch's leading "
+                                      f"dimension is a positive multiple of {spec.dims[0]})")
+            counts.append((spec, shape[0] // spec.dims[0]))
+        sizes = {k for _, k in counts}
+        if len(sizes) > 1:
+            (s0, k0), (s1, k1) = counts[0], next(c for c in counts if c[1] != counts[0][1])
+            raise RuntimeErrorDPU(f"inputs {s0.name!r} and {s1.name!r} hold batches of different sizes ({k0} and "
+                                  f"{k1} runs of the model): give every input the same leading dimension")
+        return sizes.pop() if sizes else 1
+
+    def _run_one(self, inputs: list, keep_values: bool, layers: bool, layout: str) -> GraphResult:
         vals: dict[str, np.ndarray] = {}
         for spec, x in zip(self._inputs, inputs):
             vals[spec.op_name] = self.prepare_input(spec, x, layout)

@@ -391,7 +391,7 @@ def ws(tmp_path_factory) -> Workspace:
             w.save(f"{label}_{dt}", a)
     np.savez(w.path("npz_nan", "nan.npz"), quant_input_1=np.full((1, 28, 28, 1), np.nan, np.float32))
     for label, shape in (("nchw", (1, 1, 28, 28)), ("flat", (784,)), ("hw", (28, 28)), ("hwc", (28, 28, 1)),
-                         ("rank5", (1, 28, 28, 1, 1)), ("batch2", (2, 28, 28, 1)), ("h29", (1, 29, 28, 1)),
+                         ("rank5", (1, 28, 28, 1, 1)), ("batch0", (0, 28, 28, 1)), ("h29", (1, 29, 28, 1)),
                          ("empty", (0,)), ("c3", (1, 28, 28, 3)), ("scalar", ())):
         w.save(f"shape_{label}", np.zeros(shape, np.float32))
     # quantizer inputs
@@ -680,6 +680,7 @@ USAGE += [Case(f"not_a_number_{i}", argv, must=must) for i, (argv, must) in enum
     ("cosim --random x --target DPUCZDX8G_ISA1_B512", ["--random", "x"]),
     (RANDOM + " --instructions many", ["--instructions", "many"]), (RUN + " --clock-mhz fast", ["--clock-mhz", "fast"]),
     (PROFILE + " --clock-mhz 3GHz", ["--clock-mhz", "3GHz"]),
+    (RUN + " --workers 1.5", ["--workers", "1.5"]), (QUANT + " --workers two", ["--workers", "two"]),
 ))]
 
 # ---- B. numeric ranges: out of range is called out of range -------------------------------------------------------
@@ -717,6 +718,9 @@ RANGES = [
     _range("cosim_instructions_one", RANDOM, "--instructions", "1"),
     _range("cosim_instructions_negative", RANDOM, "--instructions", "-1"),
     _range("cosim_random_negative", "cosim --target DPUCZDX8G_ISA1_B512", "--random", "-1"),
+    _range("run_workers_zero", RUN, "--workers", "0"), _range("run_workers_negative", RUN, "--workers", "-2"),
+    _range("quantize_workers_zero", QUANT, "--workers", "0"),
+    _range("quantize_workers_negative", QUANT, "--workers", "-1"),
 ]
 
 # ---- C. --timing KEY=VALUE and sweep --param --------------------------------------------------------------------
@@ -937,7 +941,7 @@ VALUES += [
     Case("calib_zero_samples", "quantize {onnx} --calib {calib_empty}", must=["calib_empty.npy"]),
 ]
 VALUES += [Case(f"ref_shape_{lab}", f"run {{mnist}} --backend ref -i {{shape_{lab}}}", must=[MNIST_SHAPE, "NHWC"])
-           for lab in ("nchw", "flat", "hw", "hwc", "rank5", "batch2", "h29", "empty", "c3", "scalar")]
+           for lab in ("nchw", "flat", "hw", "hwc", "rank5", "batch0", "h29", "empty", "c3", "scalar")]
 VALUES += [
     Case("sim_shape_nchw", "run {mnist} -i {shape_nchw}", must=[MNIST_SHAPE, "NHWC"]),
     Case("layout_nchw_on_nhwc_input", RUN_REF + " --layout nchw", must=[MNIST_SHAPE]),

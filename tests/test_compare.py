@@ -120,7 +120,9 @@ def test_compare_digits_end_to_end(built, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     rep = json.loads((d / "acc.json").read_text())
-    assert list(rep) == ["model", "xmodel", "backend", "target", "data", "samples", "task", "metric", "outputs"]
+    assert list(rep) == ["model", "xmodel", "backend", "target", "data", "samples", "task", "metric", "outputs",
+                         "throughput"]
+    assert rep["throughput"]["workers"] == min(os.cpu_count() or 1, 200) and rep["throughput"]["images_per_s"] > 0
     assert rep["task"] == "classify" and rep["samples"] == 200 and rep["target"] == TARGET
     m, o = rep["metric"], rep["outputs"][0]
     assert m["top1_agreement"] >= 0.95

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from opendpu.compiler.outdir import check_file
+from opendpu.runtime.pool import default_workers
 from opendpu.runtime.cli.common import (_warm_kernels, _warn, _write_announced, add_verb, float_range,
                                             input_file, input_path, int_range)
 
@@ -24,6 +25,8 @@ def register(sub) -> None:
                     help="detect: IoU at which a float and a DPU detection of the same class match")
     cm.add_argument("--backend", choices=("sim", "ref"), default="sim",
                     help="sim = cycle model, ref = XIR reference ops")
+    cm.add_argument("--workers", type=int_range(1, 1024), default=default_workers(), metavar="N",
+                    help="processes sharing the samples (1 = in this process); the numbers do not depend on it")
     cm.add_argument("--json", metavar="OUT.json", help="also write the report as JSON")
     cm.set_defaults(fn=run)
 
@@ -41,10 +44,10 @@ def run(a) -> int:
     for w in c.warnings:
         _warn(w)
     if a.backend == "sim" and c.runner.runners:
-        _warm_kernels()
+        _warm_kernels()             # here, so the workers find the kernels in Numba's cache
     from opendpu.runtime.progress import progress_bar
     with progress_bar("compare") as prog:
-        rep = c.run(progress=prog)
+        rep = c.run(progress=prog, workers=a.workers)
     print(format_report(rep), end="")
     if a.json:
         def write(path):

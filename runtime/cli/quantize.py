@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from opendpu.compiler.outdir import check_dir
+from opendpu.runtime.pool import default_workers
 from opendpu.runtime.cli.common import (_OUT_RULE, CliError, _calib_shape, _dynamic_input, _npz_or_npy,
                                             _onnx_input_shape, _warn, add_force, add_seed, add_verb, float_range,
                                             input_file, input_path, int_range, names_arg, shape_arg)
@@ -42,6 +43,9 @@ def register(sub) -> None:
                    help="ONNX nodes (or their output tensors) kept float on the CPU, as vai_q_onnx's nodes_to_exclude "
                         "(names as `opendpu inspect` lists them)")
     q.add_argument("--evaluate", metavar="DATA", help="dataset (.npz with x and optional labels y): float vs quantized")
+    q.add_argument("--workers", type=int_range(1, 1024), default=default_workers(), metavar="N",
+                   help="--evaluate: processes sharing the data set (1 = in this process); the numbers do not "
+                        "depend on it")
     add_seed(q, "the quantizer (fast finetune's sample order)")
     q.add_argument("--input-shape", type=shape_arg, metavar="N,C,H,W",
                    help="the input shape (NCHW) for a model whose input has dynamic dimensions")
@@ -93,12 +97,20 @@ def run(a) -> int:
     t0 = time.perf_counter()
     res = quantize_step(a.model, x, target=a.target, config=cfg, quant_info=a.quant_info, input_shape=shape,
                         progress=progress_bar)
-    ev = res.evaluate(*ev_data) if ev_data else None
+    ev = None
+    if ev_data:
+        from opendpu.runtime.quant_eval import evaluate
+        with progress_bar("evaluate") as prog:
+            ev = evaluate(res, *ev_data, workers=a.workers, progress=prog)
     paths = res.write(a.output, calib_x=x, evaluate=ev, force=a.force, inputs=ins, xmodel_format=a.format)
     for line in quantize_summary(res, a.model, time.perf_counter() - t0):
         print(line)
     if ev:
-        print("  evaluate: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in ev.items()))
+        print("  evaluate: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in ev.items()
+                                         if k != "throughput"))
+        t = ev["throughput"]
+        print(f"  evaluate throughput: {t['images_per_s']} images/s ({ev['samples']} samples in {t['seconds']:g} s, "
+              f"{t['workers']} worker{'s' if t['workers'] > 1 else ''})")
     for k in ("xmodel", "onnx", "quant_info", "golden", "report", "report_json"):
         if k in paths:
             print(f"wrote {k:10s} {paths[k]}")

@@ -12,7 +12,8 @@ from opendpu.compiler.xir.graph import dump_stem
 from opendpu.runtime.cli.common import (_OUT_RULE, CliError, _atomic_write, _board, _board_timing, _check_cpu_ops,
                                             _clock_mhz_type, _load_graph, _load_plugins, _stem, _warm_kernels,
                                             add_force, add_plugin, add_verb, input_dir, input_file, load_array,
-                                            load_bin, load_npz, timing_overrides)
+                                            int_range, load_bin, load_npz, timing_overrides)
+from opendpu.runtime.pool import default_workers
 
 
 def register(sub) -> None:
@@ -38,6 +39,9 @@ def register(sub) -> None:
     r.add_argument("--board", help="board profile (zcu102, zcu104, kv260, kr260): its clock and the DPU timing fitted "
                                    "on silicon for the reported cycles, given to the program's own array whatever it "
                                    "is (sim/rtl; docs/calibration.md); --timing / --clock-mhz override it")
+    r.add_argument("--workers", type=int_range(1, 1024), default=default_workers(), metavar="N",
+                   help="processes sharing a batch (inputs holding N images; 1 = in this process); the outputs do "
+                        "not depend on it")
     add_plugin(r)
     add_force(r)
     r.set_defaults(fn=run)
@@ -147,6 +151,12 @@ def run(a) -> int:
     gr = GraphRunner(g, backend=a.backend, target=a.target, timing=tm)
     specs = gr.get_inputs()
     xs = _run_inputs(a, specs)
+    try:
+        n = gr.batch_of(xs, a.layout)
+    except RuntimeErrorDPU as e:
+        raise CliError(str(e)) from None
+    if n > 1:
+        return _run_batch(a, gr, xs, n, tm)
     prepared = []
     for s, x in zip(specs, xs):
         try:
@@ -248,3 +258,97 @@ def _compare_golden(g, gdir: str, gfiles: list[str], layer_vals: dict) -> int:
         raise CliError(f"--golden {gdir}: compared 0 of {len(gfiles)} golden files (none names a tensor of this "
                        f"model that this backend observes)")
     return 1 if fails else 0
+
+
+# ---- a batch: N images through the one program, over a pool of workers ---------------------------------------
+def _run_batch(a, gr, xs: list, n: int, tm: dict) -> int:
+    """Inputs holding n images each: checked image by image before any work, run in chunks (in this process, or
+    by --workers processes each loading the model once), the outputs stacked along the leading dimension."""
+    from opendpu.runtime.dpu import RuntimeErrorDPU
+    from opendpu.runtime.pool import chunks, map_chunks, throughput
+    from opendpu.runtime.progress import progress_bar
+    from opendpu.runtime.runner import layout_name
+    if a.dump or a.golden:
+        raise CliError(f"--dump and --golden take one image; the inputs hold a batch of {n}")
+    specs = gr.get_inputs()
+    prepared = []
+    for s, x in zip(specs, xs):
+        b = s.dims[0]
+        try:                                    # every image checked (shape, NaN) before any work
+            prepared.append(np.concatenate([gr.prepare_input(s, x[i * b:(i + 1) * b], a.layout) for i in range(n)]))
+        except RuntimeErrorDPU as e:
+            raise CliError(str(e)) from None
+        print(f"input {s.name}: {np.asarray(x).dtype} {list(np.shape(x))} -> a batch of {n} x {list(s.dims)} "
+              f"{layout_name(s.dims)}" + (f", quantized with fix_point {s.fix_point}"
+                                          if s.dtype == "xint8" and np.asarray(x).dtype != np.int8 else ""))
+    if a.board and gr.runners:
+        print(_board(a).applied_to([r.target for r in gr.runners.values()]))
+    workers = 1 if a.backend == "rtl" else min(a.workers, n)       # one RTL build, in this process
+    if a.backend != "ref" and gr.runners:
+        _warm_kernels()                         # here, so the workers find the kernels in Numba's cache
+    parts = chunks(n, workers)
+    sl = [[p[r.start * s.dims[0]:r.stop * s.dims[0]] for p, s in zip(prepared, specs)] for r in parts]
+    t0 = time.perf_counter()
+    with progress_bar(f"run ({workers} worker{'s' if workers > 1 else ''})") as prog:
+        if workers == 1:
+            results = []
+            for r, ins in zip(parts, sl):
+                results.append(_batch_chunk_on(gr, ins, a.raw))
+                if prog:
+                    prog(r.stop, n, "images")
+        else:
+            results = map_chunks(_batch_chunk, sl, workers, _batch_load,
+                                 (a.model, a.backend, a.target, tm, list(a.op_plugin or []), a.raw),
+                                 progress=prog, sizes=[len(r) for r in parts], what="images")
+    dt = time.perf_counter() - t0
+    tp = throughput(n, dt, workers)
+    print(f"ran {a.model} on backend {a.backend}: {n} images in {dt:.2f} s ({tp['images_per_s']} images/s, "
+          f"{workers} worker{'s' if workers > 1 else ''}; host time)")
+    for name, st in results[-1][1].items():          # timed DPU subgraphs, for the last image
+        print(f"  DPU subgraph {name}: {st['cycles']} cycles = {st['latency_ms']:.3f} ms at {st['clock_mhz']:g} MHz "
+              f"on {st['target']} per image")
+    outs = {name: (np.concatenate([res[0][name][0] for res in results]), fp)
+            for name, (_, fp) in results[0][0].items()}
+    for name, (v, fp) in outs.items():
+        per = v.reshape(n, -1)
+        extra = f", argmax per image {per.argmax(1).tolist()}" if 0 < per.shape[1] <= 1000 and n <= 32 else ""
+        what = (f"raw int8, fix_point {fp}" if v.dtype == np.int8 else
+                (f"dequantized with fix_point {fp}" if fp is not None else "float"))
+        print(f"  output {name}: shape {list(v.shape)} {v.dtype} ({what}){extra}")
+    if a.output:
+        arrays: dict[str, Any] = {name: v for name, (v, _) in outs.items()}
+        if a.raw:
+            arrays.update({f"{name}.fix_point": np.array(fp, np.int32) for name, (v, fp) in outs.items()
+                           if fp is not None})
+        _atomic_write(a.output, lambda tmp: np.savez(tmp, **arrays), "output")
+        print(f"wrote {a.output} ({len(outs)} output(s) of {n} images, "
+              + ("raw int8 with '<name>.fix_point' arrays" if a.raw else "float32 real values") + ")")
+    return 0
+
+
+def _batch_chunk_on(gr, ins: list, raw: bool) -> tuple[dict, dict]:
+    """(the graph outputs of a chunk of images, as output_values gives them; each timed DPU subgraph's stats)."""
+    res = gr.run(ins, keep_values=True)
+    stats = {name: dict(cycles=r.stats["cycles"], latency_ms=r.stats["latency_ms"], clock_mhz=r.stats["clock_mhz"],
+                        target=r.target.name) for name, r in gr.runners.items()
+             if "cycles" in r.stats and r.target is not None}
+    return gr.output_values(res, raw=raw), stats
+
+
+_WORKER: dict = {}
+
+
+def _batch_load(model: str, backend: str, target, timing: dict, plugins: list[str], raw: bool) -> None:
+    """Pool initializer: the op plugins, the model and its runner, once per worker."""
+    from opendpu.runtime.runner import GraphRunner
+    _load_plugins(plugins)
+    _WORKER["raw"] = raw
+    _WORKER["runner"] = gr = GraphRunner(_load_graph(model), backend=backend, target=target, timing=timing)
+    if backend != "ref" and gr.runners:
+        from opendpu.sim import warm_kernels
+        warm_kernels()                          # from Numba's disk cache, once per worker
+
+
+def _batch_chunk(ins: list) -> tuple[dict, dict]:
+    """Pool task: a chunk of the batch on this worker's runner."""
+    return _batch_chunk_on(_WORKER["runner"], ins, _WORKER["raw"])
