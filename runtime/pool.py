@@ -40,12 +40,20 @@ def chunks(n: int, workers: int, most: int = 16) -> list[range]:
     return [range(i, min(n, i + size)) for i in range(0, n, size)]
 
 
+_LIMITS: list = []      # the worker's BLAS / OpenMP thread limits, kept for the life of the process
+
+
 def _start(threads: int, init: Callable, args: tuple) -> None:
-    """Worker start: Ctrl-C is the parent's; the compute libraries share the cores with the other workers."""
+    """Worker start: Ctrl-C is the parent's; the compute libraries share the cores with the other workers. numpy's
+    BLAS is loaded by then, so its threads are limited through threadpoolctl (OpenBLAS's waiting threads make the
+    `ref` backend several times slower when more threads than cores are busy; benchmarks/bench_functional.py)."""
     import signal
+
+    from threadpoolctl import threadpool_limits
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS"):
         os.environ.setdefault(k, str(threads))
+    _LIMITS.append(threadpool_limits(limits=threads))
     init(*args)
 
 
