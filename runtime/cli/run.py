@@ -190,17 +190,8 @@ def run(a) -> int:
     for name, (v, fp) in outs.items():
         flat = v.reshape(-1)
         extra = f", argmax {int(np.argmax(flat))}" if 0 < flat.size <= 1000 else ""
-        what = (f"raw int8, fix_point {fp}" if v.dtype == np.int8 else
-                (f"dequantized with fix_point {fp}" if fp is not None else "float"))
-        print(f"  output {name}: shape {list(v.shape)} {v.dtype} ({what}){extra}")
-    if a.output:
-        arrays: dict[str, Any] = {name: v for name, (v, _) in outs.items()}
-        if a.raw:
-            arrays.update({f"{name}.fix_point": np.array(fp, np.int32) for name, (v, fp) in outs.items()
-                           if fp is not None})
-        _atomic_write(a.output, lambda tmp: np.savez(tmp, **arrays), "output")
-        print(f"wrote {a.output} ({len(outs)} output(s), "
-              + ("raw int8 with '<name>.fix_point' arrays" if a.raw else "float32 real values") + ")")
+        print(f"  output {name}: shape {list(v.shape)} {v.dtype} ({_what(v, fp)}){extra}")
+    _write_outputs(a, outs, "")
     rc = 0
     if a.dump or a.golden:
         layer_vals: dict[str, np.ndarray] = {}
@@ -312,18 +303,27 @@ def _run_batch(a, gr, xs: list, n: int, tm: dict) -> int:
     for name, (v, fp) in outs.items():
         per = v.reshape(n, -1)
         extra = f", argmax per image {per.argmax(1).tolist()}" if 0 < per.shape[1] <= 1000 and n <= 32 else ""
-        what = (f"raw int8, fix_point {fp}" if v.dtype == np.int8 else
-                (f"dequantized with fix_point {fp}" if fp is not None else "float"))
-        print(f"  output {name}: shape {list(v.shape)} {v.dtype} ({what}){extra}")
-    if a.output:
-        arrays: dict[str, Any] = {name: v for name, (v, _) in outs.items()}
-        if a.raw:
-            arrays.update({f"{name}.fix_point": np.array(fp, np.int32) for name, (v, fp) in outs.items()
-                           if fp is not None})
-        _atomic_write(a.output, lambda tmp: np.savez(tmp, **arrays), "output")
-        print(f"wrote {a.output} ({len(outs)} output(s) of {n} images, "
-              + ("raw int8 with '<name>.fix_point' arrays" if a.raw else "float32 real values") + ")")
+        print(f"  output {name}: shape {list(v.shape)} {v.dtype} ({_what(v, fp)}){extra}")
+    _write_outputs(a, outs, f" of {n} images")
     return 0
+
+
+def _what(v: np.ndarray, fp) -> str:
+    return (f"raw int8, fix_point {fp}" if v.dtype == np.int8 else
+            (f"dequantized with fix_point {fp}" if fp is not None else "float"))
+
+
+def _write_outputs(a, outs: dict, of: str) -> None:
+    """-o: the outputs as one .npz (raw int8 with '<name>.fix_point' arrays, or float32 real values)."""
+    if not a.output:
+        return
+    arrays: dict[str, Any] = {name: v for name, (v, _) in outs.items()}
+    if a.raw:
+        arrays.update({f"{name}.fix_point": np.array(fp, np.int32) for name, (v, fp) in outs.items()
+                       if fp is not None})
+    _atomic_write(a.output, lambda tmp: np.savez(tmp, **arrays), "output")
+    print(f"wrote {a.output} ({len(outs)} output(s){of}, "
+          + ("raw int8 with '<name>.fix_point' arrays" if a.raw else "float32 real values") + ")")
 
 
 def _batch_chunk_on(gr, ins: list, raw: bool) -> tuple[dict, dict]:
