@@ -25,7 +25,8 @@ from opendpu.isa.fields import FIELD_INDEX, MAX_FIELDS
 from opendpu.isa.program import OP_INDEX
 
 from . import _tilecache as _tc
-from ._fastmac import conv_acc, dw_acc
+from . import _weightcache as _wc
+from ._fastmac import LANES, conv_acc, dw_acc, outer_acc, use_outer
 
 # ---- opcode indices -------------------------------------------------------------------------------
 OP_LOAD = OP_INDEX["LOAD"]
@@ -276,6 +277,9 @@ def _load(i, f, banks, ddr, reg_off, reg_size, tp, ld_bytes, err, buf):
     # pass 2: build each item (masked bytes 0) and write it
     brow = banks[bank]
     for it in range(length):
+        if not const and not aug:              # every byte unmasked: straight from DDR, no staging copy
+            _write(brow, line0 + it * jw, ddr, base + addr + it * jr, ch, depth, w)
+            continue
         lo, hi = _load_span(it, ch, aug, pad_start, pad_end, jr, first_end, cw)
         if hi < lo:
             hi = lo
@@ -494,7 +498,7 @@ def _conv_mac(X, Wt, bias, Y, vpp, length, ocp, ic, kh, kw, sh, sw, sb, k, act):
 
 
 @njit(cache=True)
-def _conv(i, f, banks, tp, st, err, fast, tile, tstate, trows):
+def _conv(i, f, banks, tp, st, err, fast, tile, tstate, trows, wt, wvalid):
     """CONV (spec §6.4); returns the float32 input tile of the fast path (the previous one when none was made)."""
     if st[STATE_VALID] == 0:
         _fail(err, E_NOINIT, i, OP_CONV, -1, 0, 0, 0, 0)
@@ -548,13 +552,17 @@ def _conv(i, f, banks, tp, st, err, fast, tile, tstate, trows):
                     bidi, soi, sh, st[CI_JRE], st[CI_JR], f[CV_BAI], f[CV_BAI1], f[CV_BAI2], f[CV_BAI3])
             _tc.store(tstate, trows, st, f, tp[T_PP], depth, cp, rows_in, r_lo, r_hi, x_lo, x_hi, nread,
                       bidi, soi, sh, st[CI_JRE], st[CI_JR], f[CV_BAI], f[CV_BAI1], f[CV_BAI2], f[CV_BAI3])
-        Wf = np.empty((ocp, kh, L), np.float32)
-        for o in range(ocp):
-            for ky in range(kh):
-                for kx in range(kw):
-                    _read(banks[wbase + o], baw + (ky * kw + kx) * cg, ic, Wf[o, ky], kx * ic, depth, cp)
+        # the kh·kw·cg weight lines of bank o are consecutive (line baw + (ky·kw + kx)·cg), and so are their bytes
+        # in [ky, kx·ic + i] order: one read per output channel (into column o for the outer-product kernel)
         A = np.empty((vpp, length * ocp), np.int64)
-        conv_acc(Xf, Wf, A, vpp, length, ocp, ic, kh, kw, sh, sw)
+        if use_outer(L, vpp * length):
+            Wq = _wc.weights(banks, wt, wvalid, wbase, baw, kh * L, ocp, depth, cp)   # sim._weightcache
+            outer_acc(Xf, Wq.reshape(kh, L, Wq.shape[1]), A, vpp, length, ocp, ic, kh, kw, sh, sw)
+        else:
+            Wf = np.empty((ocp, kh * L), np.float32)
+            for o in range(ocp):
+                _read(banks[wbase + o], baw, kh * L, Wf[o], 0, depth, cp)
+            conv_acc(Xf, Wf.reshape(ocp, kh, L), A, vpp, length, ocp, ic, kh, kw, sh, sw)
         _conv_post(A, bias, Y, vpp, length, ocp, st[CI_SB], st[CI_SC] + 1, st[CI_ACT])
     else:
         X = np.zeros((rows_in, cols_in * ic), np.int16)
@@ -900,6 +908,9 @@ def run_range(op, fl, start, stop, banks, ddr, reg_off, reg_size, tp, conv_st, a
     tile = np.empty((0, 0), np.float32)         # the fast path's last CONV input tile (sim._tilecache)
     tstate = np.zeros(_tc.NKEY + 2, np.int64)
     trows = np.zeros((_tc.MAX_ROWS, 3), np.int64)
+    nlanes = (tp[T_CP] + LANES - 1) // LANES * LANES                  # the weight mirror of sim._weightcache
+    wt = np.empty((tp[T_DEPTH] * tp[T_CP] if fast else 0, nlanes), np.float32)
+    wvalid = np.zeros(tp[T_DEPTH], np.int8)
     for i in range(start, stop):
         o = op[i]
         f = fl[i]
@@ -908,7 +919,7 @@ def run_range(op, fl, start, stop, banks, ddr, reg_off, reg_size, tp, conv_st, a
         elif o == OP_SAVE:
             _save(i, f, banks, ddr, reg_off, reg_size, tp, sv_bytes, err, buf)
         elif o == OP_CONV:
-            tile = _conv(i, f, banks, tp, conv_st, err, fast, tile, tstate, trows)
+            tile = _conv(i, f, banks, tp, conv_st, err, fast, tile, tstate, trows, wt, wvalid)
         elif o == OP_CONVINIT:
             _convinit(i, f, tp, conv_st, err)
         elif o == OP_ALU:
@@ -931,5 +942,7 @@ def run_range(op, fl, start, stop, banks, ddr, reg_off, reg_size, tp, conv_st, a
             return
         if fast:
             _tc.invalidate_after(o, f, conv_st, alu_st, tstate, trows, tp[T_PP], tp[T_DEPTH], tp[T_CP])
+            if o == OP_LOAD:
+                _wc.invalidate_after_load(f, wvalid, tp[T_CONVW], tp[T_CP], tp[T_DEPTH], tp[T_CP])
         counts[o] += 1
     status[0] = stop

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from opendpu.isa.program import to_arrays
 from opendpu.isa.target import Target, get_target
 from opendpu.sim import DpuMachine
-from opendpu.sim._fastmac import CHUNK, conv_acc, dw_acc
+from opendpu.sim import _fastmac
+from opendpu.sim._fastmac import CHUNK, LANES, _conv_acc_dot, conv_acc, dw_acc, outer_acc, use_outer
 from opendpu.sim.progen import random_program
 
 from helpers import ins
@@ -120,7 +121,7 @@ def _acc_reference(X, W, vpp, length, ocp, ic, kh, kw, sh, sw) -> np.ndarray:
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 16), st.integers(1, 16), st.integers(1, 3), st.integers(1, 3), st.integers(1, 8),
-       st.integers(1, 9), st.sampled_from([8, 10, 16]), st.sampled_from([1, 2, 4, 8, 63, 64, 65, 130, 192]),
+       st.integers(1, 9), st.sampled_from([8, 10, 16, 32]), st.sampled_from([1, 2, 4, 8, 63, 64, 65, 130, 192]),
        st.sampled_from([(127, 127), (-128, -128), (-128, 127), ("pos", "pos"), ("pos", "neg"), (None, None)]),
        st.integers(0, 99))
 def test_conv_accumulators_exact(kh, kw, sh, sw, vpp, length, ocp, cg, vals, seed):
@@ -143,9 +144,25 @@ def test_conv_accumulators_exact(kh, kw, sh, sw, vpp, length, ocp, cg, vals, see
             return rng.integers(-128, -99, shape).astype(np.float32)
         return np.full(shape, v, np.float32)
     X, W = fill(vals[0], (rows_in, cols_in * ic)), fill(vals[1], (ocp, kh, kw * ic))
+    ref = _acc_reference(X, W, vpp, length, ocp, ic, kh, kw, sh, sw)
     A = np.empty((vpp, length * ocp), np.int64)
     conv_acc(X, W, A, vpp, length, ocp, ic, kh, kw, sh, sw)
-    np.testing.assert_array_equal(A, _acc_reference(X, W, vpp, length, ocp, ic, kh, kw, sh, sw))
+    np.testing.assert_array_equal(A, ref)
+    # both kernels, whichever conv_acc picks: dot products, and outer products over LANES-wide channel blocks
+    # (weights transposed as sim._kernels reads them, zero lanes above ocp; ocp 32 makes two blocks)
+    A[...] = 0
+    _conv_acc_dot(X, W, A, vpp, length, ocp, ic, kh, kw, sh, sw)
+    np.testing.assert_array_equal(A, ref)
+    Wq = np.zeros((kh, kw * ic, -(-ocp // LANES) * LANES), np.float32)
+    Wq[:, :, :ocp] = W.transpose(1, 2, 0)
+    A[...] = 0
+    outer_acc(X, Wq, A, vpp, length, ocp, ic, kh, kw, sh, sw)
+    np.testing.assert_array_equal(A, ref)
+
+
+def test_kernel_choice():
+    """Both kernels are reachable from the executor (the choice only trades speed: each is checked above)."""
+    assert use_outer(64, 8) and use_outer(512, 64) and not use_outer(1024, 112) and not use_outer(512, 21)
 
 
 @settings(max_examples=30, deadline=None)
@@ -300,6 +317,38 @@ def test_reused_tile_exact_writes(writer, line):
         out.append(m)
     assert int((out[0].banks != out[1].banks).sum()) == 0
     assert int((out[0].ddr(0) != out[1].ddr(0)).sum()) == 0
+
+
+@pytest.mark.parametrize("wbank, line, base", [
+    (0, 20, 20), (15, 21, 20), (7, 19, 20), (3, 22, 20), (-1, 20, 20), (5, 0, 2047), (5, 2047, 2046), (9, 1, 0),
+    (2, 2047, 0)])
+def test_weight_mirror_sees_every_load(wbank, line, base):
+    """sim._weightcache: a CONV (1x1, 32 input channels: the outer-product kernel, weight lines base, base+1) runs
+    twice with the same weights, a LOAD of new bytes into CONV weight bank `wbank` (-1: an image bank) at `line`
+    in between. Lines of the range must be converted again, others may stay; 2047 wraps the range around the bank
+    end (2,048 lines: a fresh copy): fast == scalar either way, and the second CONV's output must change when the
+    LOAD hit."""
+    t = B4096
+    init = dict(kernel_h=1, kernel_w=1, stride_h=1, stride_w=1, valid_pixel_parallel=8, jump_read=2,
+                jump_read_endl=2, jump_write=1, jump_write_endl=1, stride_out=1, shift_cut=4)
+    f = dict(bank_id_in=0, bank_addr_in=100, channel_group=2, length=8, bank_addr_weights=base, bank_id_out=8,
+             bank_addr_out=0, pad_bottom=0, pad_right=0)
+    bank = t.convw_base + wbank if wbank >= 0 else 1
+    instrs = [ins("CONVINIT", **init), ins("CONV", **f),
+              ins("LOAD", bank_id=bank, bank_addr=line, length=1, channel=16, jump_read=16, reg_id=0, ddr_addr=0),
+              ins("CONV", **dict(f, bank_addr_out=64)), ins("END")]
+    assert _fastmac.use_outer(2 * t.cp, 8 * 8)
+    out = []
+    for fast in (True, False):
+        m = DpuMachine(t, {0: 4096}, init_fill="random", seed=5, fast=fast)
+        m.write_ddr(0, 0, np.full(4096, 77, np.int8))
+        m.run(to_arrays(instrs))
+        out.append(m)
+    assert int((out[0].banks != out[1].banks).sum()) == 0
+    assert t.bank_depth == 2048
+    hit = wbank >= 0 and line in (base, (base + 1) % t.bank_depth)
+    first, second = out[1].banks[8:16, :8 * 16], out[1].banks[8:16, 64 * 16:72 * 16]   # 8 rows x 8 pixels
+    assert (first != second).any() == hit
 
 
 def test_longest_reduction_all_extremes():

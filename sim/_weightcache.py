@@ -1,0 +1,72 @@
+"""A float32 mirror of the CONV weight banks in the transposed layout of `sim._fastmac.outer_acc` (the fast path of
+`sim._kernels`).
+
+The outer-product kernel wants the weights of one CONV as Wq[q, o] (the OCP output channels of a product
+position adjacent); the banks hold them as OCP rows, one per output channel (spec §2.2, §6.4). Transposing them
+for every CONV cost about as much as a fifth of ResNet-50's arithmetic, and a layer's CONVs over successive strips
+read the same weight lines again (55 % of ResNet-50's weight bytes, 38–66 % on MobileNet v2 and YOLOX-nano, B4096).
+So the executor keeps, for one `run_range` call, the mirror WT[line·w + b, o] = banks[convw_base + o][line·w + b]
+(w = CP bytes per line, lanes above OCP zero) and a validity flag per bank line:
+
+* a CONV converts only the lines of its weight range that are not valid yet, then reads WT[baw·w : baw·w + n]
+  in place (a weight range that wraps around the bank end is converted into a fresh array instead);
+* every LOAD into a CONV weight bank clears the flags of the lines it may have written, `[bank_addr,
+  bank_addr + (length−1)·jump_write + ⌈channel / w⌉)` modulo DEPTH, after it executes. LOAD is the only
+  instruction that writes those banks (CONV, ALU and ELEW outputs are checked to be image banks, spec §6).
+
+Banks changed from Python between `run` calls cannot be seen here, so the flags live for one `run_range` call,
+like the input tile of `sim._tilecache`.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from opendpu.isa.fields import FIELD_INDEX
+
+_LD = FIELD_INDEX["LOAD"]
+LD_BANK, LD_ADDR, LD_LEN, LD_CH, LD_JW = (_LD[n] for n in ("bank_id", "bank_addr", "length", "channel", "jump_write"))
+
+
+@njit(cache=True)
+def weights(banks, wt, valid, wbase, baw, n, ocp, depth, w):
+    """Wq [n, lanes] of the n weight bytes from line baw of the ocp weight banks (zero lanes from ocp up)."""
+    nl = n // w
+    line0 = baw % depth
+    nlanes = wt.shape[1]
+    if line0 + nl > depth:                      # wraps around the bank end: a fresh transposed copy
+        Wq = np.zeros((n, nlanes), np.float32)
+        tot = depth * w
+        p = line0 * w
+        for o in range(ocp):
+            brow = banks[wbase + o]
+            for k in range(n):
+                Wq[k, o] = brow[(p + k) % tot]
+        return Wq
+    for line in range(line0, line0 + nl):
+        if valid[line] == 0:
+            a = line * w
+            for o in range(ocp):
+                brow = banks[wbase + o]
+                for b in range(w):
+                    wt[a + b, o] = brow[a + b]
+            for o in range(ocp, nlanes):
+                for b in range(w):
+                    wt[a + b, o] = 0
+            valid[line] = 1
+    return wt[line0 * w:line0 * w + n]
+
+
+@njit(cache=True)
+def invalidate_after_load(f, valid, wbase, ocp, depth, w):
+    """Clear the flags of the lines LOAD f (just executed) may have written, if it wrote a CONV weight bank."""
+    bank = f[LD_BANK]
+    if bank < wbase or bank >= wbase + ocp:
+        return
+    span = (f[LD_LEN] - 1) * f[LD_JW] + (f[LD_CH] + w - 1) // w
+    if span >= depth:
+        valid[:] = 0
+        return
+    a = f[LD_ADDR] % depth
+    for k in range(span):
+        valid[(a + k) % depth] = 0
