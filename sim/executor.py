@@ -100,8 +100,9 @@ class DpuMachine:
     DDR: every allocated register is a zero-initialised int8 array of exactly reg_sizes[k] bytes
     (stored in one flat buffer, 4 KiB aligned); all range checks use the exact size (spec §2.6).
     fast: the arithmetic of CONV and ALU dwconv runs through the vectorised exact kernels of `sim._fastmac`, and
-    consecutive CONVs over the same input reuse its gathered tile (`sim._tilecache`) (default). False selects the
-    scalar integer loops, bit-identical and slower, kept only as tests/test_sim_fast.py's reference.
+    consecutive CONVs over the same input reuse its gathered tile (`sim._tilecache`), and CONV weights are converted
+    once per bank line into a transposed float32 mirror until a LOAD rewrites them (`sim._weightcache`) (default).
+    False selects the scalar integer loops, bit-identical and slower, kept only as tests/test_sim_fast.py's reference.
     """
 
     def __init__(self, target: Target, reg_sizes: dict[int, int], init_fill: str = "random", seed: int = 0,
