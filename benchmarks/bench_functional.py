@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))         # tests/compile_helpers.py
 
+from bench_timing import _median as median_time  # noqa: E402  (the median-of-reps timer after one warm-up)
 from compile_helpers import compile_model, graph_inputs, quantized, target  # noqa: E402
 from opendpu.compiler.xir.graph import Graph  # noqa: E402
 from opendpu.quant import zoo  # noqa: E402
@@ -46,17 +46,6 @@ MODELS = ("resnet50", "mobilenet_v2", "yolox_nano")
 SHARED_XMODELS = {"yolox_nano": "yolox_nano_b4096.xmodel"}        # models without a float ONNX here
 TARGET = "B4096"
 NA = "n/a"
-
-
-def median_time(fn, reps: int) -> float:
-    """Median wall time of `reps` calls of fn after one warm-up call (kernels, caches, allocations)."""
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def load() -> str:

@@ -115,7 +115,8 @@ class SubgraphCheck:
 
     @property
     def ok(self) -> bool:
-        return self.mismatching == 0
+        """Every compared byte equal, and some were compared (a subgraph with no output bytes proves nothing)."""
+        return self.mismatching == 0 and self.bytes_compared > 0
 
     def line(self) -> str:
         """The line `opendpu check` prints."""

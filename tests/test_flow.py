@@ -56,3 +56,11 @@ def test_check_step_needs_dpu_subgraphs():
     x = np.zeros((4, 1, 8, 8), np.float32)
     with pytest.raises(Exception, match="constant"):
         build(zoo.DIGITS_ONNX, x, "B512")
+
+
+def test_a_check_that_compared_nothing_does_not_pass():
+    """0 mismatching bytes out of 0 compared proves nothing: such a subgraph check fails and says 0 bytes."""
+    from opendpu.runtime.flow import SubgraphCheck
+    empty = SubgraphCheck("sg", "DPUCZDX8G_ISA1_B512", 10, 2, 0, 0, 0, None, 0.0)
+    assert not empty.ok and empty.line().startswith("FAIL sg:") and "0 bytes compared" in empty.line()
+    assert SubgraphCheck("sg", "DPUCZDX8G_ISA1_B512", 10, 2, 64, 0, 1, None, 0.0).ok
