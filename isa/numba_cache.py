@@ -1,14 +1,14 @@
 """Where every opendpu Numba kernel is cached: one location for the CLI, `make` and the tests.
 
 `isa` is the one package every other opendpu package imports, so the rule lives here and is applied by each
-module that jits (`sim`, `quant.calib`) before it imports numba. NUMBA_CACHE_DIR defaults to
+module that jits (`sim`, `quant.calib`, `compiler.ref._kernels`) before it imports numba. NUMBA_CACHE_DIR defaults to
 `$XDG_CACHE_HOME/opendpu/numba/src-<key>` (else under `~/.cache`); a NUMBA_CACHE_DIR set by the user wins.
 
 The `<key>` hashes the sources of every module that jits and of what its kernels inline (every `*.py` of `isa/` and
-`sim/`, and `quant/calib.py`). Numba's own cache invalidation looks only at the file that defines a kernel: a kernel
-in sim/_kernels.py that calls one from sim/_fastmac.py or isa/check.py would otherwise load stale machine code after
-an edit of those. A changed source gives a new directory, so an edit can never reuse old code (the old directory
-stays until removed; each is a few MB).
+`sim/`, `quant/calib.py` and `compiler/ref/_kernels.py`). Numba's own cache invalidation looks only at the file
+that defines a kernel: a kernel in sim/_kernels.py that calls one from sim/_fastmac.py or isa/check.py would
+otherwise load stale machine code after an edit of those. A changed source gives a new directory, so an edit can
+never reuse old code (the old directory stays until removed; each is a few MB).
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import os
 import sys
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # isa/, sim/ and quant/ are siblings here
-JIT_SOURCES = (("isa", None), ("sim", None), ("quant", "calib.py"))     # (directory, one file or every *.py)
+# (directory, one file or every *.py)
+JIT_SOURCES = (("isa", None), ("sim", None), ("quant", "calib.py"), ("compiler/ref", "_kernels.py"))
 
 
 def source_key(root: str = _ROOT) -> str:

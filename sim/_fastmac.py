@@ -141,24 +141,27 @@ def _tile8x16(x0, x1, x2, x3, x4, x5, x6, x7, Wk, q0, n, o0, acc, p0):
     r[12], r[13], r[14], r[15] = r[12] + s7c, r[13] + s7d, r[14] + s7e, r[15] + s7f
 
 
-# The tile kernel is compiled once, eagerly, with LLVM's SLP vectoriser, which packs each pixel's 16 scalar lanes
-# into one vector multiply-add (Numba turns the SLP pass off by default). Only this function gets it: the switch is
-# restored right after, so no other kernel (quant.calib's float reductions among them) is compiled differently.
-# SLP only regroups independent lane operations, never reorders a sum, and exactness does not depend on it anyway.
+# The tile kernel is compiled once, before the first program runs (`ensure_compiled`, called by DpuMachine.run and
+# so by sim.warm_kernels; not at import, which must not compile), with LLVM's SLP vectoriser, which packs each
+# pixel's 16 scalar lanes into one vector multiply-add (Numba turns the SLP pass off by default). Only this function
+# gets it: the switch is restored right after, so no other kernel (quant.calib's float reductions among them) is
+# compiled differently. SLP only regroups independent lane operations, never reorders a sum, and exactness does not
+# depend on it anyway.
 _TILE_SIG = (types.float32[::1],) * NP + (types.float32[:, ::1], types.int64, types.int64, types.int64,
                                            types.float64[:, ::1], types.int64)
 
 
-def _compile_tile_with_slp() -> None:
+def ensure_compiled() -> None:
+    """Compile (or load from the Numba cache) the tile kernel with SLP, once per process; the kernels that call it
+    must not be compiled before this (they would compile it without SLP)."""
+    if _tile8x16.overloads:
+        return
     old = config.SLP_VECTORIZE
     config.SLP_VECTORIZE = 1
     try:
         _tile8x16.compile(_TILE_SIG)
     finally:
         config.SLP_VECTORIZE = old
-
-
-_compile_tile_with_slp()
 
 
 @njit(cache=True)

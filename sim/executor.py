@@ -17,6 +17,7 @@ from opendpu.isa.program import ProgramArrays
 from opendpu.isa.target import Target
 
 from . import _kernels as K
+from ._fastmac import ensure_compiled
 
 NUM_REGS = _check.NUM_REGS
 _REG_ALIGN = 4096
@@ -207,6 +208,7 @@ class DpuMachine:
             raise ValueError(f"bad instruction range [{start}, {stop}) for a program of {n}")
         op, fl = checked_arrays(prog, np.int32)
         self._err[:] = 0
+        ensure_compiled()                       # the SLP-vectorised CONV tile, before run_range can compile it
         K.run_range(op, fl, start, stop, self.banks, self._ddr, self._reg_off, self._reg_size, self._tp,
                     self._conv_st, self._alu_st, self._elew_st, self._elew_ok, self._counts,
                     self._ld_bytes, self._sv_bytes, self._err, self._status, int(self.fast))

@@ -10,11 +10,13 @@ nonlinearities and round modes.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from opendpu.compiler.ref import _fast, evaluate
+from opendpu.compiler.ref import _fast, _intgemm, evaluate
 from opendpu.compiler.ref import ops as ref_ops
 
 SETTINGS = dict(max_examples=60, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -30,6 +32,19 @@ def both(op_type, inputs, attrs, in_fix, out_fix, out_shape):
     finally:
         ref_ops.FAST = old
     return fast, slow
+
+
+@contextlib.contextmanager
+def float_products(on: bool):
+    """With on=True, int8 convolutions take the float32 / float64 BLAS products instead of onnxruntime's exact
+    int32 MatMulInteger (_intgemm), so that both fast forms meet the integer path."""
+    old = _intgemm.for_weights
+    if on:
+        _intgemm.for_weights = lambda w, k: None
+    try:
+        yield
+    finally:
+        _intgemm.for_weights = old
 
 
 def assert_same(fast, slow):
@@ -126,7 +141,8 @@ def check_conv(data, long_reductions):
         inputs.append(data.draw(operand((out_shape[3],))))
         in_fix.append(fp_b)
     attrs = conv_attrs(kernel_hw, stride_hw, dil_hw, pads, groups, nl, mode, alpha)
-    assert_same(*both("conv2d-fix", inputs, attrs, in_fix, fp_out, out_shape))
+    with float_products(data.draw(st.booleans())):
+        assert_same(*both("conv2d-fix", inputs, attrs, in_fix, fp_out, out_shape))
 
 
 @settings(**SETTINGS)
@@ -178,7 +194,8 @@ def test_depthwise_and_transposed_fast_equals_integer(data):
         inputs.append(data.draw(operand((C * M,))))
         in_fix.append(fp_b)
     attrs = conv_attrs((kh, kw), (sh, sw), dil, (pt, pb, pl, pr), groups, nl, mode, 26 / 256)
-    assert_same(*both(op, inputs, attrs, in_fix, fp_out, (N, oh, ow, C * M)))
+    with float_products(data.draw(st.booleans())):
+        assert_same(*both(op, inputs, attrs, in_fix, fp_out, (N, oh, ow, C * M)))
 
 
 @settings(**SETTINGS)
@@ -281,3 +298,23 @@ def test_finish_rounds_exactly(data):
 @given(st.data())
 def test_conv2d_fast_equals_integer_many(data):
     check_conv(data, long_reductions=data.draw(st.booleans()))
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_intgemm_exact_at_the_int32_limit(signed):
+    """onnxruntime's MatMulInteger in the form _intgemm uses, at K = 2^17 - 1 with every product +2^14 (the sum
+    2^31 - 2^14, one step below int32 overflow) and at the pair-saturation case of int16 kernels, against int64."""
+    if signed and not _intgemm._cpu_has_vnni():
+        pytest.skip("uint8 x int8 is used only on CPUs with VNNI")
+    K = _intgemm._MAX_K
+    x = np.full((3, K), -128, dtype=np.int8)
+    x[1, ::2] = 127
+    x[2] = np.random.default_rng(1).integers(-128, 128, K)
+    w = np.full((4, K), -128, dtype=np.int8)
+    w[1] = 127
+    w[2, 1::2] = 127
+    w[3] = np.random.default_rng(2).integers(-128, 128, K)
+    got = _intgemm.IntGemm(w, signed)(x.view(np.uint8) ^ np.uint8(0x80))
+    want = x.astype(np.int64) @ w.astype(np.int64).T
+    assert want.max() == K << 14
+    assert got.dtype == np.int32 and np.array_equal(got, want)

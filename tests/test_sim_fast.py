@@ -24,6 +24,8 @@ from opendpu.sim.progen import random_program
 
 from helpers import ins
 
+_fastmac.ensure_compiled()          # the tile kernel with SLP before outer_acc compiles it (as DpuMachine.run does)
+
 B4096 = get_target("DPUCZDX8G_ISA1_B4096")          # PP 8, CP 16, leaky ReLU on CONV
 SMALL = Target.parametric(2, 4, bank_depth=512)     # CP 4, a 512-line bank: addresses wrap often
 ODD = Target.parametric(4, 10)                      # CP 10 (B800-like widths): 10 output channels = 2 tiles + 2

@@ -1,5 +1,10 @@
-"""Fast exact kernels of the golden's quantized ops (issue 32): whole layers as BLAS matrix products in floating
-point, with the integer post-processing (bias, DPU rounding, activation, saturation) vectorised.
+"""Fast exact kernels of the golden's quantized ops (issue 32): whole layers as one matrix product each, with the
+integer post-processing (bias, DPU rounding, activation, saturation) in one pass.
+
+* int8 x int8 convolutions in one group: onnxruntime's MatMulInteger in int32 (_intgemm.py: exact for K < 2^17,
+  the form chosen by a worst-case probe on this CPU); everything else: BLAS in float32 / float64 (below).
+* The rounding: _kernels.finish_rows in int64, one pass (finish_int); where its bound does not hold (e.g. a left
+  shift), the float form finish_dpu_round; else ops.py's integer path.  Eltwise ADD of two int8 maps: one pass.
 
 Exactness argument (every kernel here relies on it; tests/test_ref_fast.py checks it against the integer paths
 of ops.py at the boundaries):
@@ -33,6 +38,8 @@ Nothing here is shared with the executor (sim/) or the compiler: this is the gol
 from __future__ import annotations
 
 import numpy as np
+
+from . import _intgemm, _kernels
 
 _F32_EXACT = 1 << 24             # every integer up to this magnitude is a float32
 _F64_EXACT = 1 << 53             # ... a float64
@@ -113,6 +120,16 @@ class ConvGemm:
         O, kh, kw, ig = w.shape
         self.kernel_hw = (kh, kw)
         k = kh * kw * ig
+        C = xp.shape[3]
+        self.row_block = max(1, _BLOCK_ELEMS // max(1, xp.shape[0] * out_hw[1] * kh * kw * C))
+        # int8 x int8 in one group: onnxruntime's exact int32 MatMulInteger (_intgemm), on the data offset to uint8
+        self.igemm = _intgemm.for_weights(w, k) if groups == 1 and xp.dtype == w.dtype == np.int8 else None
+        if self.igemm is not None:
+            self.xp = xp.view(np.uint8) ^ np.uint8(0x80)
+            self.dtype: type = np.uint8
+            self.chunk = k
+            self.acc_bound = 128 * self.igemm.l1
+            return
         xm, wm = magnitude_bound(xp), magnitude_bound(w)
         self.dtype, self.chunk = reduction_plan(k, xm * wm)
         self.acc_bound = k * xm * wm                        # |acc| <= acc_bound (exact integer)
@@ -127,14 +144,14 @@ class ConvGemm:
             l1 = int((np.abs(self.wmat) @ np.ones(k, np.float32)).max())
             if xm * l1 <= _F32_EXACT:
                 self.chunk, self.acc_bound = k, xm * l1
-        C = xp.shape[3]
-        self.row_block = max(1, _BLOCK_ELEMS // max(1, xp.shape[0] * out_hw[1] * kh * kw * C))
 
     def rows(self, r0: int, r1: int) -> np.ndarray:
         N = self.xp.shape[0]
         ow = self.out_hw[1]
         cols = _im2col(self.xp, r0, r1, ow, self.kernel_hw, self.stride_hw, self.dil_hw, self.dtype)
-        if self.groups == 1:
+        if self.igemm is not None:
+            acc = self.igemm(cols)                          # int32, exact
+        elif self.groups == 1:
             acc = _chunked_matmul(cols, self.wmat, self.chunk)
         else:
             G = self.groups
@@ -192,6 +209,44 @@ def depthwise_bound(xp: np.ndarray, w: np.ndarray) -> int:
 # post-processing: bias, DPU rounding, activation, saturation
 # --------------------------------------------------------------------------------------------------
 
+def act_window(nl: str, fp_out: int | None) -> tuple[int, int]:
+    """The int8 clip window [lo, hi] of a conv's nonlinearity after rounding (ops._activate_round): ReLU from 0,
+    ReLU6 at 96 when fp_out <= 4 (spec §7.2)."""
+    if nl in ("RELU", "RELU6"):
+        return 0, 96 if nl == "RELU6" and fp_out is not None and fp_out <= 4 else 127
+    return -128, 127
+
+
+def finish_int(acc: np.ndarray, acc_bound: int, bias: np.ndarray | None, sc: int, sb_eff: int, nl: str,
+               fp_out: int | None, slope: tuple[int, int] | None) -> np.ndarray | None:
+    """The int8 DPU rounding of an exact accumulator [..., O] in one int64 pass (_kernels.finish_rows), or None
+    when a value could leave int64's safe range or the nonlinearity is not one of NONE / RELU / RELU6 / a leaky
+    slope p / 2^m (the caller then takes finish_dpu_round or the integer path)."""
+    leaky = nl in ("LEAKYRELU", "PRELU")
+    if nl not in ("NONE", "", "RELU", "RELU6") and not leaky:
+        return None
+    p, m = slope if leaky and slope is not None else (1, 0)
+    if leaky and slope is None or sb_eff < -1:
+        return None
+    O = acc.shape[-1]
+    if bias is None or bias.size == 0:
+        b2, b2max = np.zeros(O, dtype=np.int64), 0
+    else:
+        bmax = int(np.abs(bias.astype(np.int64)).max())
+        b2max = bmax << (sb_eff + 1)
+        if b2max >= 1 << 62:
+            return None
+        b2 = bias.astype(np.int64).reshape(O) << (sb_eff + 1)
+    k = sc + 1
+    if not _kernels.finish_bound_ok(acc_bound, b2max, k, p, m if leaky else 0):
+        return None
+    lo, hi = act_window(nl, fp_out)
+    a2 = acc.reshape(-1, O)
+    out = np.empty(a2.shape, dtype=np.int8)
+    _kernels.finish_rows(a2, b2, k, lo, hi, leaky, p, m if leaky else 0, out)
+    return out.reshape(acc.shape)
+
+
 def finish_dpu_round(acc: np.ndarray, acc_bound: int, bias: np.ndarray | None, sc: int, sb_eff: int,
                      nl: str, fp_out: int | None, slope: tuple[int, int] | None) -> np.ndarray | None:
     """int8 y = sat(round_half_up(ACT((2*acc + bias*2^(sb_eff+1)) / 2^(sc+1)))), or None when the float form
@@ -224,11 +279,7 @@ def finish_dpu_round(acc: np.ndarray, acc_bound: int, bias: np.ndarray | None, s
         num = a_max * q + (129 << e) if e >= 1 else 2 * ((a_max * q << -e) + 129)
         if num >= _F64_EXACT:
             return None
-    lo, hi = -128.0, 127.0
-    if nl in ("RELU", "RELU6"):
-        lo = 0.0
-        if nl == "RELU6" and fp_out is not None and fp_out <= 4:
-            hi = 96.0
+    lo, hi = act_window(nl, fp_out)
     bterm = None if bias is None else bias.astype(np.float64) * 2.0 ** (sb_eff - sc)     # exact
     c = 128.5 if bterm is None else bterm + 128.5
     t: np.ndarray | None = None
@@ -263,6 +314,12 @@ def eltwise_add_dpu_round(xs: list[np.ndarray], shifts: list[int], k: int, nl: s
     inputs or the nonlinearity need the general integer path (int64) of ops.py."""
     if nl not in ("NONE", "", "RELU") or len(xs) > (1 << 13) or any(x.dtype not in (np.int8, np.int16) for x in xs):
         return None
+    if len(xs) == 2 and xs[0].shape == xs[1].shape and xs[0].dtype == xs[1].dtype == np.int8 \
+            and all(0 <= sh <= 31 for sh in shifts):            # the common case in one pass (_kernels)
+        out = np.empty(xs[0].shape, dtype=np.int8)
+        _kernels.eltwise_add2(np.ascontiguousarray(xs[0]).reshape(-1), np.ascontiguousarray(xs[1]).reshape(-1),
+                              shifts[0], shifts[1], k, 0 if nl == "RELU" else -128, out.reshape(-1))
+        return out
     s = np.zeros(np.broadcast_shapes(*(x.shape for x in xs)), dtype=np.int32)
     for x, sh in zip(xs, shifts):
         t = x.astype(np.int32) << 2

@@ -313,7 +313,9 @@ def _fast_finish(ctx, acc, acc_bound, bias, sc, sb_eff, fp_out, nl, alpha, prelu
         slope = prelu
         if nl in ("LEAKYRELU", "LEAKY-RELU") and prelu is None:
             slope = _dyadic(ctx, 26 / 256 if alpha is None else alpha, "LEAKYRELU_alpha")
-        y = _fast.finish_dpu_round(acc, acc_bound, bias, sc, sb_eff, nl, fp_out, slope)
+        y = _fast.finish_int(acc, acc_bound, bias, sc, sb_eff, nl, fp_out, slope)
+        if y is None:
+            y = _fast.finish_dpu_round(acc, acc_bound, bias, sc, sb_eff, nl, fp_out, slope)
         if y is not None:
             return y
     return _finish_conv(ctx, acc.astype(np.int64), bias, sc, sb_eff, fp_out, nl, alpha, prelu, mode)
