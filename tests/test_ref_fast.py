@@ -36,15 +36,17 @@ def both(op_type, inputs, attrs, in_fix, out_fix, out_shape):
 
 @contextlib.contextmanager
 def float_products(on: bool):
-    """With on=True, int8 convolutions take the float32 / float64 BLAS products instead of onnxruntime's exact
-    int32 MatMulInteger (_intgemm), so that both fast forms meet the integer path."""
-    old = _intgemm.for_weights
+    """With on=True, int8 convolutions take the float32 / float64 BLAS products, else onnxruntime's exact int32
+    MatMulInteger (_intgemm) from the first use of any weights, so that both fast forms meet the integer path."""
+    old, eager = _intgemm.for_weights, _intgemm.EAGER_MACS
     if on:
-        _intgemm.for_weights = lambda w, k: None
+        _intgemm.for_weights = lambda w, k, macs=0: None
+    else:
+        _intgemm.EAGER_MACS = 0                   # the int8 form from the first use of a weight array
     try:
         yield
     finally:
-        _intgemm.for_weights = old
+        _intgemm.for_weights, _intgemm.EAGER_MACS = old, eager
 
 
 def assert_same(fast, slow):
@@ -318,3 +320,19 @@ def test_intgemm_exact_at_the_int32_limit(signed):
     want = x.astype(np.int64) @ w.astype(np.int64).T
     assert want.max() == K << 14
     assert got.dtype == np.int32 and np.array_equal(got, want)
+
+
+def test_intgemm_prepared_on_second_use_or_when_large():
+    """A small layer's weights get the onnxruntime product from their second use (a model run again), a large
+    one's from the first; the preparation lives as long as the weight array."""
+    if _intgemm._kind() is None:
+        pytest.skip("no exact MatMulInteger on this machine")
+    w = np.ones((4, 1, 1, 8), np.int8)
+    assert _intgemm.for_weights(w, 8, macs=100) is None
+    g = _intgemm.for_weights(w, 8, macs=100)
+    assert g is not None and _intgemm.for_weights(w, 8, macs=100) is g
+    big = np.ones((4, 1, 1, 8), np.int8)
+    assert _intgemm.for_weights(big, 8, macs=_intgemm.EAGER_MACS) is not None
+    n = len(_intgemm._PREPARED)
+    del w, g
+    assert len(_intgemm._PREPARED) == n - 1

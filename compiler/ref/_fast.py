@@ -123,7 +123,8 @@ class ConvGemm:
         C = xp.shape[3]
         self.row_block = max(1, _BLOCK_ELEMS // max(1, xp.shape[0] * out_hw[1] * kh * kw * C))
         # int8 x int8 in one group: onnxruntime's exact int32 MatMulInteger (_intgemm), on the data offset to uint8
-        self.igemm = _intgemm.for_weights(w, k) if groups == 1 and xp.dtype == w.dtype == np.int8 else None
+        self.igemm = _intgemm.for_weights(w, k, xp.shape[0] * out_hw[0] * out_hw[1] * O * k) \
+            if groups == 1 and xp.dtype == w.dtype == np.int8 else None
         if self.igemm is not None:
             self.xp = xp.view(np.uint8) ^ np.uint8(0x80)
             self.dtype: type = np.uint8

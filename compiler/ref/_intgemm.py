@@ -111,21 +111,27 @@ class IntGemm:
         return self._sess.run(None, {"a": a})[0]
 
 
-_PREPARED: dict[int, tuple[weakref.ref, IntGemm]] = {}
+_PREPARED: dict[int, tuple[weakref.ref, IntGemm | None]] = {}
+# Preparing a product costs a few ms (an onnxruntime session), the float32 product of ~2^27 multiply-adds. A weight
+# array gets one on its first use only when its product is at least this large; else on its second use (a model
+# run again: every later run takes the int8 form), so one-off layers keep the float BLAS product.
+EAGER_MACS = 1 << 27
 
 
-def for_weights(w: np.ndarray, k: int) -> IntGemm | None:
+def for_weights(w: np.ndarray, k: int, macs: int = 0) -> IntGemm | None:
     """The IntGemm of conv weights w (int8, OHWI, one group; K = kh*kw*I = k), prepared once per weight array
-    for as long as the array lives (a graph's constants are read once per runner); None when no exact
-    MatMulInteger is available or K is too long for int32."""
+    for as long as the array lives (a graph's constants are read once per runner), from the first use when the
+    product has at least EAGER_MACS multiply-adds (`macs`), else from the second; None when not prepared (yet),
+    when no exact MatMulInteger is available or when K is too long for int32."""
     kind = _kind()
     if kind is None or w.dtype != np.int8 or k > _MAX_K:
         return None
-    hit = _PREPARED.get(id(w))
-    if hit is not None and hit[0]() is w:
-        return hit[1]
-    g = IntGemm(np.ascontiguousarray(w.reshape(w.shape[0], k)), kind)
     key = id(w)
+    hit = _PREPARED.get(key)
+    seen = hit is not None and hit[0]() is w
+    if seen and hit is not None and hit[1] is not None:
+        return hit[1]
+    g = IntGemm(np.ascontiguousarray(w.reshape(w.shape[0], k)), kind) if seen or macs >= EAGER_MACS else None
     try:
         ref = weakref.ref(w, lambda _r: _PREPARED.pop(key, None))
     except TypeError:                       # not weak-referenceable: used once, not kept
