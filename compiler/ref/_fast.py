@@ -29,7 +29,8 @@ of ops.py at the boundaries):
   |a| <= 2*K*P + B*2^(sb+1) (checked per layer; else ops.py's integer path runs); leaky's slope p/2^m multiplies
   the exact v.  float32 post-processing (float32 accumulator, no leaky slope, sc <= 15) needs no bound on the
   sum: see finish_dpu_round.
-* Depthwise: each output sums kh*kw products, float32 when kh*kw*P <= 2^24, else float64.
+* Depthwise: each output sums kh*kw products: int8 x int8 in int32 (_kernels.depthwise_int8, one pass); other
+  dtypes here, float32 when kh*kw*P <= 2^24, else float64.
 * Eltwise ADD: int32 (|4*x| <= 2^17 for int16 data; up to 2^13 inputs stay below 2^31).
 
 Nothing here is shared with the executor (sim/) or the compiler: this is the golden's own arithmetic.

@@ -71,3 +71,25 @@ def eltwise_add2(x0, x1, s0, s1, k, lo, out):  # pragma: no cover - compiled by 
         elif s > 127:
             s = 127
         out[i] = s
+
+
+@njit(cache=True, nogil=True)
+def depthwise_int8(xp, w, oh, ow, sh, sw, dh, dw, out):  # pragma: no cover - compiled by Numba
+    """out[n, y, x, c*M + m] = sum_{ky, kx} xp[n, y*sh + ky*dh, x*sw + kx*dw, c] * w[m, ky, kx, c] in int32 (the
+    padded int8 NHWC xp, int8 w [M, kh, kw, C]; kh*kw products of at most 2^14 each: exact below 2^17 taps)."""
+    N, _, _, C = xp.shape
+    M, kh, kw, _ = w.shape
+    acc = np.empty(C, np.int32)
+    for n in range(N):
+        for y in range(oh):
+            for x in range(ow):
+                for m in range(M):
+                    acc[:] = 0
+                    for ky in range(kh):
+                        for kx in range(kw):
+                            row = xp[n, y * sh + ky * dh, x * sw + kx * dw]
+                            wt = w[m, ky, kx]
+                            for c in range(C):
+                                acc[c] += np.int32(row[c]) * np.int32(wt[c])
+                    for c in range(C):
+                        out[n, y, x, c * M + m] = acc[c]

@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _fast
+from . import _fast, _kernels
 from ._common import (DPU_ROUND, PY3_ROUND, STD_ROUND, RefError, _absmax, _conv_acc_chunks, _conv_geometry,
                       _Ctx, _dw_acc_rows, _fit_window, _HANDLERS, _register, _transpose_input)
 
@@ -329,6 +329,10 @@ def _fast_depthwise(ctx, xp, w, out_hw, strides, dils, bias, sc, sb_eff, fp_out,
     if bound >= (1 << 53):
         raise ctx.error("accumulator could exceed 2^53")
     out = np.empty((N, out_hw[0], out_hw[1], C * M), dtype=np.int8)
+    if xp.dtype == w.dtype == np.int8 and w.shape[1] * w.shape[2] < (1 << 17):      # int32 in one Numba pass
+        acc = np.empty(out.shape, dtype=np.int32)
+        _kernels.depthwise_int8(xp, w, out_hw[0], out_hw[1], strides[0], strides[1], dils[0], dils[1], acc)
+        return _fast_finish(ctx, acc, bound, bias, sc, sb_eff, fp_out, nl, alpha, prelu, mode)
     for r0, r1, acc in _fast.depthwise_blocks(xp, w, out_hw, strides, dils):
         out[:, r0:r1] = _fast_finish(ctx, acc, bound, bias, sc, sb_eff, fp_out, nl, alpha, prelu, mode)
     return out
