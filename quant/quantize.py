@@ -295,6 +295,20 @@ def eval_arrays(data, shape: list[int], labels=None, classes: int | None = None,
     return x, y
 
 
+def evaluation_metrics(fl: np.ndarray, qu: np.ndarray, y: np.ndarray | None = None) -> dict:
+    """From the float and quantized first outputs of every sample: top-1 agreement, output SQNR, accuracies (y)."""
+    fa, qa = fl.reshape(len(fl), -1).argmax(1), qu.reshape(len(qu), -1).argmax(1)
+    err = fl.astype(np.float64) - qu
+    rep = {"samples": int(len(fl)), "top1_agreement": float(np.mean(fa == qa)),
+           "output_sqnr_db": float(10 * np.log10(np.mean(fl.astype(np.float64) ** 2) / max(np.mean(err ** 2), 1e-30)))}
+    if y is not None:
+        y = np.asarray(y).reshape(-1)
+        check_labels(y, int(np.prod(fl.shape[1:])))
+        rep["float_accuracy"] = float(np.mean(fa == y))
+        rep["quant_accuracy"] = float(np.mean(qa == y))
+    return rep
+
+
 def check_labels(y: np.ndarray, classes: int, what: str = "evaluation labels 'y'") -> None:
     """Class indices `y` must lie in 0..classes-1 (the model's output gives `classes` scores): a label outside can
     never be predicted, so an accuracy over it is 0 % by construction. QuantError naming how many are outside,
@@ -557,22 +571,8 @@ class QuantResult:
     def evaluate(self, x: np.ndarray, y: np.ndarray | None = None, batch: int = 64) -> dict:
         """Float vs quantized (DPU fake-quant) outputs on a dataset: top-1 agreement, accuracy if labels."""
         out = self.prep.outputs[0]
-        fl_parts, qu_parts = [], []
-        for i in range(0, len(x), batch):
-            fl_parts.append(self.run(x[i:i + batch], "float", [out])[out])
-            qu_parts.append(self.run(x[i:i + batch], "dpu", [out])[out])
-        fl, qu = np.concatenate(fl_parts), np.concatenate(qu_parts)
-        fa, qa = fl.reshape(len(fl), -1).argmax(1), qu.reshape(len(qu), -1).argmax(1)
-        err = fl.astype(np.float64) - qu
-        res = {"samples": int(len(x)), "top1_agreement": float(np.mean(fa == qa)),
-               "output_sqnr_db": float(10 * np.log10(np.mean(fl.astype(np.float64) ** 2)
-                                                     / max(np.mean(err ** 2), 1e-30)))}
-        if y is not None:
-            y = np.asarray(y).reshape(-1)
-            check_labels(y, int(np.prod(fl.shape[1:])))
-            res["float_accuracy"] = float(np.mean(fa == y))
-            res["quant_accuracy"] = float(np.mean(qa == y))
-        return res
+        fl, qu = ([self.run(x[i:i + batch], m, [out])[out] for i in range(0, len(x), batch)] for m in ("float", "dpu"))
+        return evaluation_metrics(np.concatenate(fl), np.concatenate(qu), y)
 
     def coverage(self) -> dict | None:
         """DPU coverage (% of MACs and of ops) by the target's rules, as `opendpu inspect` and meta.json give it;

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from opendpu.quant.quantize import evaluation_metrics
 from opendpu.runtime.pool import check_workers, map_chunks, throughput
 
 __all__ = ["evaluate"]
@@ -22,21 +23,6 @@ def _outputs(res, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The first output of the float model and of the DPU fake-quant model on one batch."""
     out = res.prep.outputs[0]
     return res.run(x, "float", [out])[out], res.run(x, "dpu", [out])[out]
-
-
-def metrics(fl: np.ndarray, qu: np.ndarray, y: np.ndarray | None = None) -> dict:
-    """QuantResult.evaluate's report from the float and quantized outputs of every sample."""
-    from opendpu.quant.quantize import check_labels
-    fa, qa = fl.reshape(len(fl), -1).argmax(1), qu.reshape(len(qu), -1).argmax(1)
-    err = fl.astype(np.float64) - qu
-    rep = {"samples": int(len(fl)), "top1_agreement": float(np.mean(fa == qa)),
-           "output_sqnr_db": float(10 * np.log10(np.mean(fl.astype(np.float64) ** 2) / max(np.mean(err ** 2), 1e-30)))}
-    if y is not None:
-        y = np.asarray(y).reshape(-1)
-        check_labels(y, int(np.prod(fl.shape[1:])))
-        rep["float_accuracy"] = float(np.mean(fa == y))
-        rep["quant_accuracy"] = float(np.mean(qa == y))
-    return rep
 
 
 def evaluate(res, x: np.ndarray, y: np.ndarray | None = None, workers: int = 1, progress=None) -> dict:
@@ -59,7 +45,7 @@ def evaluate(res, x: np.ndarray, y: np.ndarray | None = None, workers: int = 1, 
         outs = map_chunks(_batch, parts, workers, _load, (pickle.dumps(bare),), progress=progress,
                           sizes=[len(p) for p in parts])
     seconds = time.perf_counter() - t0
-    rep = metrics(np.concatenate([o[0] for o in outs]), np.concatenate([o[1] for o in outs]), y)
+    rep = evaluation_metrics(np.concatenate([o[0] for o in outs]), np.concatenate([o[1] for o in outs]), y)
     rep["throughput"] = throughput(len(x), seconds, workers)
     return rep
 
