@@ -8,7 +8,8 @@ shared models directory, ../shared/models/yolox_nano_b4096.xmodel), all in one p
     XIR golden, compiler/ref) and on the `sim` backend (the executor running the DPU program), GraphRunner.run on
     one random int8 image; with the BLAS's default threads and again limited to one BLAS thread (threadpoolctl:
     OpenBLAS's threads wait actively, so with another busy process on a 2-core machine two threads are slower
-    than one);
+    than one). The golden's int8 products on onnxruntime (compiler/ref/_intgemm.py) keep their own threads in
+    both rows (the cores for products of >= 2^24 MACs, else one);
   * onnxruntime (CPU provider, one intra-op thread per core) on the float zoo model and on its int8 models from
     onnxruntime.quantization.quantize_static (QDQ and QOperator, U8S8 and S8S8, per-tensor, --calib random
     calibration images); YOLOX-nano has no float ONNX here, so its onnxruntime columns are n/a;

@@ -89,8 +89,6 @@ def _probe(signed_weights: bool) -> bool:
 @functools.lru_cache(maxsize=1)
 def _kind() -> bool | None:
     """True: uint8 x int8 products; False: uint8 x uint8; None: no exact MatMulInteger on this machine."""
-    if os.environ.get("OPENDPU_REF_INTGEMM", "1") == "0":
-        return None
     if _cpu_has_vnni() and _probe(True):
         return True
     return False if _probe(False) else None
@@ -137,6 +135,9 @@ def for_weights(w: np.ndarray, k: int, macs: int = 0) -> IntGemm | None:
     threads = _threads() if macs >= THREADED_MACS else 1
     g = IntGemm(np.ascontiguousarray(w.reshape(w.shape[0], k)), kind, threads) \
         if seen or macs >= EAGER_MACS else None
+    if seen and hit is not None:
+        _PREPARED[key] = (hit[0], g)
+        return g
     try:
         ref = weakref.ref(w, lambda _r: _PREPARED.pop(key, None))
     except TypeError:                       # not weak-referenceable: used once, not kept

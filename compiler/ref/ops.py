@@ -331,7 +331,8 @@ def _fast_depthwise(ctx, xp, w, out_hw, strides, dils, bias, sc, sb_eff, fp_out,
     out = np.empty((N, out_hw[0], out_hw[1], C * M), dtype=np.int8)
     if xp.dtype == w.dtype == np.int8 and w.shape[1] * w.shape[2] < (1 << 17):      # int32 in one Numba pass
         acc = np.empty(out.shape, dtype=np.int32)
-        _kernels.depthwise_int8(xp, w, out_hw[0], out_hw[1], strides[0], strides[1], dils[0], dils[1], acc)
+        _kernels.depthwise_int8(xp, np.ascontiguousarray(w), out_hw[0], out_hw[1], strides[0], strides[1], dils[0],
+                                dils[1], acc)
         return _fast_finish(ctx, acc, bound, bias, sc, sb_eff, fp_out, nl, alpha, prelu, mode)
     for r0, r1, acc in _fast.depthwise_blocks(xp, w, out_hw, strides, dils):
         out[:, r0:r1] = _fast_finish(ctx, acc, bound, bias, sc, sb_eff, fp_out, nl, alpha, prelu, mode)
