@@ -358,8 +358,9 @@ def _save(i, f, banks, ddr, reg_off, reg_size, tp, sv_bytes, err, buf):
         else:
             tot = depth * w
             p = ((line0 + it * jr) % depth) * w
-            if p + ch <= tot:
-                ddr[dst:dst + ch] = banks[bank, p:p + ch]
+            if p + ch <= tot:                  # an element loop: a slice assignment would compile
+                for c in range(ch):            # Numba's shape-mismatch message (about 3 s of first-run compile)
+                    ddr[dst + c] = banks[bank, p + c]
             else:
                 for c in range(ch):
                     ddr[dst + c] = banks[bank, (p + c) % tot]
