@@ -14,6 +14,7 @@ one simulator process.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -397,12 +398,26 @@ def build(target, backend: str = "verilator", ddr_bytes: int = 1 << 24, log=None
     ddr_log2 = ddr_log2_for(ddr_bytes)
     d = BUILD_ROOT / _key(p, backend, ddr_log2, trace)
     b = Build(p, backend, d, ddr_log2)
-    stamp = d / "built"
     step = progress or (lambda done, total, what: None)
+    BUILD_ROOT.mkdir(parents=True, exist_ok=True)
+    # one builder per key: a second process (two cosims, a sweep's workers, parallel tests) waits for the first
+    # and then finds its build, instead of deleting the directory the first is compiling into
+    with open(BUILD_ROOT / f"{d.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            _build_locked(b, d, backend, ddr_log2, trace, log, step)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return b
+
+
+def _build_locked(b: Build, d: Path, backend: str, ddr_log2: int, trace: bool, log, step) -> None:
+    p = b.p
+    stamp = d / "built"
     if stamp.exists():
         b.build_seconds = float(stamp.read_text() or 0)
         step(2, 2, "cached build")
-        return b
+        return
     if d.exists():
         shutil.rmtree(d)
     d.mkdir(parents=True)
@@ -441,7 +456,6 @@ def build(target, backend: str = "verilator", ddr_bytes: int = 1 << 24, log=None
     b.build_seconds = time.time() - t0
     stamp.write_text(f"{b.build_seconds:.1f}")
     step(2, 2, f"built in {b.build_seconds:.0f} s")
-    return b
 
 
 class _Env:

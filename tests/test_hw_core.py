@@ -206,6 +206,35 @@ def test_verilog_export_cache(tmp_path, monkeypatch):
     assert len(list((tmp_path / "verilog").glob("*.v"))) == 2
 
 
+def test_concurrent_builds_of_one_key_compile_once(tmp_path, monkeypatch):
+    """Two builders of the same target at once (two cosims, a sweep's workers, parallel test processes): the
+    second waits for the first's lock and finds its build; it never deletes the directory being compiled into."""
+    import threading
+    import time
+    from opendpu.hw import harness
+    monkeypatch.setattr(harness, "BUILD_ROOT", tmp_path)
+    monkeypatch.setattr(harness, "export_verilog", lambda t, path=None, **kw: path.write_text("// core\n"))
+    running, calls = [], []
+
+    def slow_compile(cmd, cwd, env, what):
+        running.append(1)
+        calls.append(len(running))                 # how many compiles run at this moment
+        time.sleep(0.3)
+        (cwd / "obj").mkdir()
+        running.pop()
+
+    monkeypatch.setattr(harness, "_run", slow_compile)
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(harness.build(SMALL))) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert calls == [1]                             # one compile, never two at once
+    assert len(out) == 2 and out[0].dir == out[1].dir and (out[0].dir / "built").exists()
+    assert (out[0].dir / "obj").is_dir() and (out[0].dir / "dpu_core.v").read_text() == "// core\n"
+
+
 @pytest.mark.skipif(shutil.which("iverilog") is None, reason="Icarus Verilog (apt iverilog) not installed")
 def test_cocotb_icarus_flow():
     """The same bench under cocotb 2.1 on Icarus gives the same bytes and cycles."""
