@@ -38,11 +38,15 @@ lint: venv
 	@for p in isa sim compiler runtime quant hw; do ln -sfn ../../../$$p build/typecheck/opendpu/$$p; done
 	$(PY) -m mypy
 
+# The suite runs on every core (pytest-xdist; TEST_JOBS=1 for one process), a test file per worker at a time, so a
+# file's module fixtures are built once. Shared on-disk caches are safe for that: Numba writes its cache atomically,
+# an RTL build is locked per key (hw/harness.py).
+TEST_JOBS ?= auto
 test: venv iverilog lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 test-slow: venv iverilog
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m slow
 
 bench: venv
 	$(PY) benchmarks/bench_executor.py --models $(MODELS)
