@@ -27,6 +27,7 @@ from opendpu.isa.program import OP_INDEX
 from . import _tilecache as _tc
 from . import _weightcache as _wc
 from ._fastmac import LANES, conv_acc, dw_acc, outer_acc, use_outer
+from ._vnni import conv_acc_vnni
 
 # ---- opcode indices -------------------------------------------------------------------------------
 OP_LOAD = OP_INDEX["LOAD"]
@@ -43,6 +44,8 @@ OP_POOL = OP_INDEX["POOL"]
 OP_DWINIT = OP_INDEX["DWINIT"]
 OP_DPTWISE = OP_INDEX["DPTWISE"]
 
+FAST_FLOAT = 1                    # `fast` of run_range: 0 scalar loops, 1 float32 kernels (sim._fastmac),
+FAST_VNNI = 2                     # 2 int8 dot products (sim._vnni; CP a multiple of 4)
 STATE_VALID = MAX_FIELDS          # slot of conv_st / alu_st that flags "INIT seen"
 
 # ---- target constants ------------------------------------------------------------------------------
@@ -499,16 +502,17 @@ def _conv_mac(X, Wt, bias, Y, vpp, length, ocp, ic, kh, kw, sh, sw, sb, k, act):
 
 
 @njit(cache=True)
-def _conv(i, f, banks, tp, st, err, fast, tile, tstate, trows, wt, wvalid):
-    """CONV (spec §6.4); returns the float32 input tile of the fast path (the previous one when none was made)."""
+def _conv(i, f, banks, tp, st, err, fast, tile, tile8, tstate, trows, wt, wt8, wsl, wvalid):
+    """CONV (spec §6.4); returns the input tiles of the fast paths (float32, and uint8 for FAST_VNNI; the previous
+    ones when none was made)."""
     if st[STATE_VALID] == 0:
         _fail(err, E_NOINIT, i, OP_CONV, -1, 0, 0, 0, 0)
-        return tile
+        return tile, tile8
     nimg = tp[T_NIMG]
     for col in (CV_BIDI, CV_BIDO):
         if f[col] >= nimg:
             _fail(err, E_BANK_IMG, i, OP_CONV, col, f[col], 0, nimg - 1, 0)
-            return tile
+            return tile, tile8
     cp = tp[T_CP]
     depth = tp[T_DEPTH]
     ocp = cp
@@ -525,7 +529,7 @@ def _conv(i, f, banks, tp, st, err, fast, tile, tstate, trows, wt, wvalid):
     cols_in = (length - 1) * sw + kw
     bidi = f[CV_BIDI]
     if not _pass_check(i, OP_CONV, CV_BIDI, err, tp, bidi, soi, rows_in, sh):
-        return tile
+        return tile, tile8
     co = f[CV_CO]
     nread = ic - co
     if nread < 0:
@@ -536,7 +540,7 @@ def _conv(i, f, banks, tp, st, err, fast, tile, tstate, trows, wt, wvalid):
     x_hi = min(cols_in, cols_in - kw + f[CV_PR] + 1)
     if rows_in * cols_in * ic > MAX_TILE:
         _fail(err, E_TOO_BIG, i, OP_CONV, CV_LEN, length, 1, 0, rows_in * cols_in * ic)
-        return tile
+        return tile, tile8
     bias = np.empty(ocp, np.int64)
     _read(banks[tp[T_BIAS]], f[CV_BAB], ocp, bias, 0, depth, cp)
     Y = np.empty((vpp, length * ocp), np.int8)
@@ -544,7 +548,26 @@ def _conv(i, f, banks, tp, st, err, fast, tile, tstate, trows, wt, wvalid):
     baw = f[CV_BAW]
     wbase = tp[T_CONVW]
     Xf = tile
-    if fast:
+    Xu = tile8
+    if fast == FAST_VNNI:
+        # offset uint8 tile (x + 128, reused like the float32 one) and int8 weights on the CPU's int8 dot product,
+        # exact in int32 (sim._vnni); int64 post-processing below
+        if not _tc.lookup(tstate, st, f):
+            Xi = np.zeros((rows_in, cols_in * ic), np.int8)
+            _gather(banks, tp, Xi, rows_in, cols_in, ic, r_lo, r_hi, x_lo, x_hi, nread,
+                    bidi, soi, sh, st[CI_JRE], st[CI_JR], f[CV_BAI], f[CV_BAI1], f[CV_BAI2], f[CV_BAI3])
+            Xu = Xi.view(np.uint8)
+            Xl = Xu.reshape(-1)
+            for k in range(Xl.size):
+                Xl[k] ^= 0x80
+            _tc.store(tstate, trows, st, f, tp[T_PP], depth, cp, rows_in, r_lo, r_hi, x_lo, x_hi, nread,
+                      bidi, soi, sh, st[CI_JRE], st[CI_JR], f[CV_BAI], f[CV_BAI1], f[CV_BAI2], f[CV_BAI3])
+        A = np.empty((vpp, length * ocp), np.int64)
+        wsum = np.empty(wt8.shape[1], np.int64)
+        Wv = _wc.weights_vnni(banks, wt8, wsl, wvalid, wbase, baw, kh * L, ocp, depth, cp, wsum)   # [quads, lanes]
+        conv_acc_vnni(Xu, Wv, wsum, A, vpp, length, ocp, ic, kh, kw, sh, sw)
+        _conv_post(A, bias, Y, vpp, length, ocp, st[CI_SB], st[CI_SC] + 1, st[CI_ACT])
+    elif fast:
         # float32 tile (reused from the previous CONV when sim._tilecache allows) and weights, exact by the bound
         # of sim._fastmac; int64 post-processing below
         if not _tc.lookup(tstate, st, f):
@@ -578,7 +601,7 @@ def _conv(i, f, banks, tp, st, err, fast, tile, tstate, trows, wt, wvalid):
         _conv_mac(X, Wt, bias, Y, vpp, length, ocp, ic, kh, kw, sh, sw, st[CI_SB], st[CI_SC] + 1, st[CI_ACT])
     _place(banks, tp, Y, vpp, length, ocp, f[CV_BIDO], f[CV_BAO], st[CI_SO], st[CI_SOO], st[CI_JW],
            st[CI_JWE])
-    return Xf
+    return Xf, Xu
 
 
 # ---- ALU -------------------------------------------------------------------------------------------
@@ -906,11 +929,14 @@ def run_range(op, fl, start, stop, banks, ddr, reg_off, reg_size, tp, conv_st, a
     maxch = 16384 + 64
     buf = np.empty(maxch, np.int8)
     status[1] = 0
-    tile = np.empty((0, 0), np.float32)         # the fast path's last CONV input tile (sim._tilecache)
+    tile = np.empty((0, 0), np.float32)         # the fast paths' last CONV input tile (sim._tilecache)
+    tile8 = np.empty((0, 0), np.uint8)
     tstate = np.zeros(_tc.NKEY + 2, np.int64)
     trows = np.zeros((_tc.MAX_ROWS, 3), np.int64)
     nlanes = (tp[T_CP] + LANES - 1) // LANES * LANES                  # the weight mirror of sim._weightcache
-    wt = np.empty((tp[T_DEPTH] * tp[T_CP] if fast else 0, nlanes), np.float32)
+    wt = np.empty((tp[T_DEPTH] * tp[T_CP] if fast == FAST_FLOAT else 0, nlanes), np.float32)
+    wt8 = np.zeros((tp[T_DEPTH] * tp[T_CP] // 4 if fast == FAST_VNNI else 0, nlanes), np.int32)
+    wsl = np.zeros((tp[T_DEPTH] if fast == FAST_VNNI else 0, nlanes), np.int64)
     wvalid = np.zeros(tp[T_DEPTH], np.int8)
     for i in range(start, stop):
         o = op[i]
@@ -920,7 +946,7 @@ def run_range(op, fl, start, stop, banks, ddr, reg_off, reg_size, tp, conv_st, a
         elif o == OP_SAVE:
             _save(i, f, banks, ddr, reg_off, reg_size, tp, sv_bytes, err, buf)
         elif o == OP_CONV:
-            tile = _conv(i, f, banks, tp, conv_st, err, fast, tile, tstate, trows, wt, wvalid)
+            tile, tile8 = _conv(i, f, banks, tp, conv_st, err, fast, tile, tile8, tstate, trows, wt, wt8, wsl, wvalid)
         elif o == OP_CONVINIT:
             _convinit(i, f, tp, conv_st, err)
         elif o == OP_ALU:

@@ -70,3 +70,48 @@ def invalidate_after_load(f, valid, wbase, ocp, depth, w):
     a = f[LD_ADDR] % depth
     for k in range(span):
         valid[(a + k) % depth] = 0
+
+
+@njit(cache=True, inline="always")
+def _byte_sum(v):
+    """The sum of the four signed bytes of the int32 word held in int64 v (sign-extended)."""
+    return ((v << 56) >> 56) + ((v << 48) >> 56) + ((v << 40) >> 56) + ((v << 32) >> 56)
+
+
+@njit(cache=True)
+def weights_vnni(banks, wt32, wsl, valid, wbase, baw, n, ocp, depth, w, wsum):
+    """The int8 form for `sim._vnni` (CP a multiple of 4, so a line is whole quads): Wv [n/4, lanes] int32 words of
+    the n weight bytes from line baw (the 4 bytes of quad k of output channel o in word [k, o], in order; lanes
+    from ocp up zero), and wsum[o] = the sum of those n bytes of channel o, from per-line sums kept beside the
+    mirror (wsl [depth, lanes]). The mirror is wt32 [depth·w/4, lanes]."""
+    nl = n // w
+    line0 = baw % depth
+    nlanes = wt32.shape[1]
+    w4 = w // 4
+    wsum[:] = 0
+    if line0 + nl > depth:                      # wraps around the bank end: a fresh copy
+        Wv = np.zeros((n // 4, nlanes), np.int32)
+        tot = depth * w4
+        p = line0 * w4
+        for o in range(ocp):
+            brow = banks[wbase + o].view(np.int32)
+            for k in range(n // 4):
+                v = brow[(p + k) % tot]
+                Wv[k, o] = v
+                wsum[o] += _byte_sum(np.int64(v))
+        return Wv
+    for line in range(line0, line0 + nl):
+        if valid[line] == 0:
+            a = line * w4
+            for o in range(ocp):
+                brow = banks[wbase + o].view(np.int32)
+                s = np.int64(0)
+                for b in range(w4):
+                    v = brow[a + b]
+                    wt32[a + b, o] = v
+                    s += _byte_sum(np.int64(v))
+                wsl[line, o] = s
+            valid[line] = 1
+        for o in range(ocp):
+            wsum[o] += wsl[line, o]
+    return wt32[line0 * w4:line0 * w4 + n // 4]

@@ -18,6 +18,7 @@ from opendpu.isa.target import Target
 
 from . import _kernels as K
 from ._fastmac import ensure_compiled
+from ._vnni import HAVE_VNNI
 
 NUM_REGS = _check.NUM_REGS
 _REG_ALIGN = 4096
@@ -100,14 +101,16 @@ class DpuMachine:
     banks: int8 [num_banks, bank_depth*bank_width] (one flat byte array per bank, spec §2.3).
     DDR: every allocated register is a zero-initialised int8 array of exactly reg_sizes[k] bytes
     (stored in one flat buffer, 4 KiB aligned); all range checks use the exact size (spec §2.6).
-    fast: the arithmetic of CONV and ALU dwconv runs through the vectorised exact kernels of `sim._fastmac`, and
-    consecutive CONVs over the same input reuse its gathered tile (`sim._tilecache`), and CONV weights are converted
-    once per bank line into a transposed float32 mirror until a LOAD rewrites them (`sim._weightcache`) (default).
-    False selects the scalar integer loops, bit-identical and slower, kept only as tests/test_sim_fast.py's reference.
+    fast: the arithmetic of CONV and ALU dwconv runs through vectorised exact kernels, and consecutive CONVs over
+    the same input reuse its gathered tile (`sim._tilecache`), and CONV weights are converted once per bank line
+    into a mirror in the kernel's layout until a LOAD rewrites them (`sim._weightcache`) (default). CONV runs on the
+    CPU's int8 dot-product instruction (`sim._vnni`, "vnni") where the CPU has AVX-512 VNNI and CP is a multiple of
+    4, else in float32 (`sim._fastmac`, "float32"); either name can be given to choose. False selects the scalar
+    integer loops, bit-identical and slower, kept only as tests/test_sim_fast.py's reference.
     """
 
     def __init__(self, target: Target, reg_sizes: dict[int, int], init_fill: str = "random", seed: int = 0,
-                 fast: bool = True):
+                 fast: bool | str = True):
         self.target = target
         self.fast = fast
         t = target
@@ -143,6 +146,22 @@ class DpuMachine:
         self._status = np.zeros(2, np.int64)
         self.pc = 0          # index after the last executed instruction
         self.ended = False   # an END has been executed
+
+    @property
+    def fast(self) -> bool | str:
+        """The arithmetic in use: "vnni", "float32" or False (scalar loops); set True for the host's best."""
+        return self._fast
+
+    @fast.setter
+    def fast(self, fast: bool | str) -> None:
+        if fast is True:
+            fast = "vnni" if HAVE_VNNI and self.target.cp % 4 == 0 else "float32"
+        if fast not in (False, "float32", "vnni"):
+            raise ValueError(f"fast must be True, False, 'float32' or 'vnni', not {fast!r}")
+        if fast == "vnni" and self.target.cp % 4 != 0:
+            raise ValueError(f"fast='vnni' needs CP a multiple of 4 (the target has CP {self.target.cp})")
+        self._fast = fast
+        self._fast_mode = {False: 0, "float32": K.FAST_FLOAT, "vnni": K.FAST_VNNI}[fast]
 
     # ---- DDR ---------------------------------------------------------------------------------------
     def _check_reg(self, reg: int) -> None:
@@ -211,7 +230,7 @@ class DpuMachine:
         ensure_compiled()                       # the SLP-vectorised CONV tile, before run_range can compile it
         K.run_range(op, fl, start, stop, self.banks, self._ddr, self._reg_off, self._reg_size, self._tp,
                     self._conv_st, self._alu_st, self._elew_st, self._elew_ok, self._counts,
-                    self._ld_bytes, self._sv_bytes, self._err, self._status, int(self.fast))
+                    self._ld_bytes, self._sv_bytes, self._err, self._status, self._fast_mode)
         self.pc = int(self._status[0])
         self.ended = bool(self._status[1])
         if self._err[0] != 0:

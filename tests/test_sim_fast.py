@@ -18,8 +18,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from opendpu.isa.program import to_arrays
 from opendpu.isa.target import Target, get_target
 from opendpu.sim import DpuMachine
-from opendpu.sim import _fastmac
+from opendpu.sim import _fastmac, _vnni
 from opendpu.sim._fastmac import CHUNK, LANES, _conv_acc_dot, conv_acc, dw_acc, outer_acc, use_outer
+from opendpu.sim._vnni import conv_acc_vnni
 from opendpu.sim.progen import random_program
 
 from helpers import ins
@@ -41,15 +42,32 @@ def _fill(rng: np.random.Generator, kind: str, shape) -> np.ndarray:
     return rng.integers(-128, 128, size=shape, dtype=np.int8)
 
 
+def _modes(t: Target) -> tuple:
+    """Every fast arithmetic the target can use, then the scalar loops: "vnni" (int8 dot products; runs in portable
+    vector code on a CPU without VNNI, so this test is the same everywhere) where CP is a multiple of 4, and
+    "float32"."""
+    return (("vnni",) if t.cp % 4 == 0 else ()) + ("float32", False)
+
+
+def _same(ms: list[DpuMachine]) -> None:
+    """Every fast machine left the same banks, DDR and statistics as the scalar one (the last)."""
+    for m in ms[:-1]:
+        assert int((m.banks != ms[-1].banks).sum()) == 0, m.fast
+        assert int((m._ddr != ms[-1]._ddr).sum()) == 0, m.fast
+        assert m.stats == ms[-1].stats, m.fast
+
+
 def _both(t: Target, banks: np.ndarray, instrs) -> tuple[DpuMachine, DpuMachine]:
+    """(a fast machine, the scalar one) after running `instrs`; every fast mode is checked equal to the scalar."""
     p = to_arrays(list(instrs))
     out = []
-    for fast in (True, False):
+    for fast in _modes(t):
         m = DpuMachine(t, {}, init_fill="zero", fast=fast)
         m.banks[...] = banks
         m.run(p)
         out.append(m)
-    return out[0], out[1]
+    _same(out)
+    return out[0], out[-1]
 
 
 @st.composite
@@ -160,6 +178,48 @@ def test_conv_accumulators_exact(kh, kw, sh, sw, vpp, length, ocp, cg, vals, see
     A[...] = 0
     outer_acc(X, Wq, A, vpp, length, ocp, ic, kh, kw, sh, sw)
     np.testing.assert_array_equal(A, ref)
+    if ic % 4 == 0:                                     # the int8 dot-product kernel (CP a multiple of 4)
+        A[...] = 0
+        conv_acc_vnni(*_vnni_operands(X, W), A, vpp, length, ocp, ic, kh, kw, sh, sw)
+        np.testing.assert_array_equal(A, ref)
+
+
+def _vnni_operands(X: np.ndarray, W: np.ndarray):
+    """(Xu, Wv, wsum) of sim._vnni from a tile X [rows, cols·ic] and weights W [ocp, kh, kw·ic] (int values)."""
+    ocp = W.shape[0]
+    lanes = -(-ocp // LANES) * LANES
+    Xu = np.ascontiguousarray(X.astype(np.int8).view(np.uint8) ^ 0x80)
+    Wb = np.zeros((W[0].size // 4, lanes, 4), np.int8)
+    Wb[:, :ocp, :] = W.reshape(ocp, -1, 4).astype(np.int8).transpose(1, 0, 2)
+    wsum = np.zeros(lanes, np.int64)
+    wsum[:ocp] = W.reshape(ocp, -1).astype(np.int64).sum(1)
+    return Xu, Wb.view(np.int32).reshape(-1, lanes), wsum
+
+
+def test_vnni_kernel_past_the_int32_run():
+    """sim._vnni: a reduction of 16·16·272 = 69,632 products (> 2^16, so the int32 lanes must be flushed into int64
+    once) of the largest offset product, (127 + 128)·(−128), and of mixed extremes: equal to int64 numpy. And the
+    portable form of the tile kernel (what runs without VNNI) equals the host's on random bytes."""
+    kh = kw = 16
+    ic = 272
+    for x, w in ((127, -128), (-128, 127), (None, None)):
+        rng = np.random.default_rng(3)
+        X = rng.choice(np.array([-128, 127]), (kh, kw * ic)) if x is None else np.full((kh, kw * ic), x)
+        W = rng.choice(np.array([-128, 127]), (16, kh, kw * ic)) if w is None else np.full((16, kh, kw * ic), w)
+        A = np.empty((1, 16), np.int64)
+        conv_acc_vnni(*_vnni_operands(X, W), A, 1, 1, 16, ic, kh, kw, 1, 1)
+        np.testing.assert_array_equal(A[0], W.reshape(16, -1).astype(np.int64) @ X.reshape(-1).astype(np.int64))
+    rng = np.random.default_rng(4)
+    Xu = rng.integers(0, 256, 8 * 1000, dtype=np.uint8)
+    Wv = rng.integers(-128, 128, 250 * 32 * 4, dtype=np.int8)
+    offs = np.arange(8, dtype=np.int64) * 1000
+    a, b = np.zeros((8, 16), np.int32), np.zeros((8, 16), np.int32)
+    _vnni.tile8(Xu, offs, Wv, 64, 128, 250, a)                 # the second block of 16 lanes, rows of 32 lanes
+    _vnni.tile8_generic(Xu, offs, Wv, 64, 128, 250, b)
+    ref = Xu.reshape(8, 1000).astype(np.int64) @ Wv.reshape(250, 2, 16, 4)[:, 1].transpose(0, 2, 1).reshape(
+        1000, 16).astype(np.int64)
+    np.testing.assert_array_equal(a, ref)
+    np.testing.assert_array_equal(b, ref)
 
 
 def test_kernel_choice():
@@ -277,13 +337,13 @@ def test_reused_input_tile_sees_every_write(layer, writers, self_overwrite):
     instrs.append(ins("END"))
     p = to_arrays(instrs)
     out = []
-    for fast in (True, False):
+    for fast in _modes(t):
         m = DpuMachine(t, {0: 4096}, init_fill="zero", fast=fast)
         m.banks[...] = banks
         m.write_ddr(0, 0, _fill(np.random.default_rng(seed + 1), "random", 4096))
         m.run(p)
         out.append(m)
-    assert int((out[0].banks != out[1].banks).sum()) == 0
+    _same(out)
 
 
 @pytest.mark.parametrize("writer, line", [
@@ -312,13 +372,12 @@ def test_reused_tile_exact_writes(writer, line):
     instrs = [ins("CONVINIT", **init), ins("CONV", **first), *w,
               ins("CONV", **dict(f, bank_addr_weights=1, bank_addr_bias=1, bank_addr_out=4)), ins("END")]
     out = []
-    for fast in (True, False):
+    for fast in _modes(t):
         m = DpuMachine(t, {0: 4096}, init_fill="random", seed=4, fast=fast)
         m.write_ddr(0, 0, np.arange(4096).astype(np.int8))
         m.run(to_arrays(instrs))
         out.append(m)
-    assert int((out[0].banks != out[1].banks).sum()) == 0
-    assert int((out[0].ddr(0) != out[1].ddr(0)).sum()) == 0
+    _same(out)
 
 
 @pytest.mark.parametrize("wbank, line, base", [
@@ -341,15 +400,15 @@ def test_weight_mirror_sees_every_load(wbank, line, base):
               ins("CONV", **dict(f, bank_addr_out=64)), ins("END")]
     assert _fastmac.use_outer(2 * t.cp, 8 * 8)
     out = []
-    for fast in (True, False):
+    for fast in _modes(t):
         m = DpuMachine(t, {0: 4096}, init_fill="random", seed=5, fast=fast)
         m.write_ddr(0, 0, np.full(4096, 77, np.int8))
         m.run(to_arrays(instrs))
         out.append(m)
-    assert int((out[0].banks != out[1].banks).sum()) == 0
+    _same(out)
     assert t.bank_depth == 2048
     hit = wbank >= 0 and line in (base, (base + 1) % t.bank_depth)
-    first, second = out[1].banks[8:16, :8 * 16], out[1].banks[8:16, 64 * 16:72 * 16]   # 8 rows x 8 pixels
+    first, second = out[-1].banks[8:16, :8 * 16], out[-1].banks[8:16, 64 * 16:72 * 16]   # 8 rows x 8 pixels
     assert (first != second).any() == hit
 
 
@@ -380,11 +439,9 @@ def test_fast_equals_scalar_on_random_programs(seed, key):
     t = get_target(f"DPUCZDX8G_ISA1_{key}")
     g = random_program(t, n=80, seed=seed, mix={"LOAD": 0.3, "SAVE": 0.1, "CONV": 0.4, "ALU": 0.1, "ELEW": 0.1})
     ms = []
-    for fast in (True, False):
+    for fast in _modes(t):
         m = g.machine()
         m.fast = fast
         m.run(g.arrays)
         ms.append(m)
-    assert int((ms[0].banks != ms[1].banks).sum()) == 0
-    assert int((ms[0]._ddr != ms[1]._ddr).sum()) == 0
-    assert ms[0].stats == ms[1].stats
+    _same(ms)
