@@ -339,6 +339,7 @@ def _save(i, f, banks, ddr, reg_off, reg_size, tp, sv_bytes, err, buf):
         cval -= 256
     base = reg_off[reg] + addr
     line0 = f[SV_BANK_ADDR]
+    brow = banks[bank]
     nbytes = 0
     for it in range(length):
         dst = base + it * jw
@@ -347,7 +348,7 @@ def _save(i, f, banks, ddr, reg_off, reg_size, tp, sv_bytes, err, buf):
                 ddr[dst + c] = cval
             nbytes += ch
         elif (am & 2) != 0:
-            _read(banks[bank], line0 + it * jr, ch, buf, 0, depth, w)
+            _read(brow, line0 + it * jr, ch, buf, 0, depth, w)
             k = 0
             for c in range(1, ch):
                 if buf[c] > buf[k]:
@@ -358,15 +359,8 @@ def _save(i, f, banks, ddr, reg_off, reg_size, tp, sv_bytes, err, buf):
                 v -= 256
             ddr[dst] = v
             nbytes += 1
-        else:
-            tot = depth * w
-            p = ((line0 + it * jr) % depth) * w
-            if p + ch <= tot:                  # an element loop: a slice assignment would compile
-                for c in range(ch):            # Numba's shape-mismatch message (about 3 s of first-run compile)
-                    ddr[dst + c] = banks[bank, p + c]
-            else:
-                for c in range(ch):
-                    ddr[dst + c] = banks[bank, (p + c) % tot]
+        else:                                  # bank_read into DDR: a vectorised copy (no slice assignment,
+            _read(brow, line0 + it * jr, ch, ddr, dst, depth, w)   # whose shape-mismatch message costs 3 s of compile)
             nbytes += ch
     sv_bytes[reg] += nbytes
 
