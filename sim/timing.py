@@ -267,11 +267,16 @@ def simulate(program, target: Target, machine: DpuMachine | None = None) -> Sche
         raise WatchdogError(f"watchdog: instruction {h} ({OPS[int(op[h])].mnemonic}) retires at cycle "
                             f"{int(ret[h])}, beyond watchdog_cycles={target.timing.watchdog_cycles}")
     if machine is not None:
-        _execute_in_start_order(machine, prog, sched, n)
+        execute_in_start_order(machine, prog, sched)
     return sched
 
 
-def _execute_in_start_order(machine: DpuMachine, prog: ProgramArrays, sched: Schedule, n: int) -> None:
+def execute_in_start_order(machine: DpuMachine, program, sched: Schedule) -> None:
+    """Execute `program` on `machine` in the start order of its schedule `sched` (from `simulate` of the same
+    program and target; ties in program order), as `simulate(program, target, machine)` does. A schedule depends
+    only on the instruction fields, so a caller running one program on many inputs times it once."""
+    prog = _as_arrays(program)
+    n = len(sched.op)
     idx = np.arange(n)
     order = np.lexsort((idx, sched.start))
     if sched.op[-1] == _END:                   # END retires last (done); keep it last for the executor
