@@ -336,3 +336,17 @@ def test_intgemm_prepared_on_second_use_or_when_large():
     n = len(_intgemm._PREPARED)
     del w, g
     assert len(_intgemm._PREPARED) == n - 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 2), st.integers(1, 5), st.integers(1, 5), st.integers(1, 3), st.integers(1, 3), st.integers(1, 2),
+       st.integers(1, 2), st.integers(1, 20), st.integers(0, 2))
+def test_im2col_uint8_kernel_equals_numpy(n, kh, kw, sh, sw, dh, dw, c, r0):
+    """The golden's one-pass uint8 patch gathering (_kernels.im2col, the operand of the int8 products) equals
+    numpy's per-kernel-position strided copies (the path every other dtype takes)."""
+    oh, ow = 3, 4
+    hp, wp = (r0 + oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
+    xp = np.random.default_rng(c).integers(0, 256, (n, hp, wp, c), dtype=np.uint8)
+    got = _fast._im2col(xp, r0, r0 + oh, ow, (kh, kw), (sh, sw), (dh, dw), np.uint8)
+    want = _fast._im2col(xp.astype(np.int16), r0, r0 + oh, ow, (kh, kw), (sh, sw), (dh, dw), np.int16)
+    assert got.dtype == np.uint8 and np.array_equal(got, want)

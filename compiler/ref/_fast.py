@@ -89,6 +89,10 @@ def _im2col(xp: np.ndarray, r0: int, r1: int, ow: int, kernel_hw, stride_hw, dil
     if kh == kw == 1:
         sl = xp[:, r0 * sh:r0 * sh + (nr - 1) * sh + 1:sh, 0:(ow - 1) * sw + 1:sw, :]
         return np.ascontiguousarray(sl, dtype=dtype).reshape(N * nr * ow, C)
+    if xp.dtype == dtype == np.uint8 and xp.flags.c_contiguous:
+        out = np.empty((N * nr * ow, kh * kw * C), np.uint8)         # the int8 products' operand: one pass
+        _kernels.im2col(xp, r0, nr, ow, kh, kw, sh, sw, dh, dw, out)
+        return out
     buf = np.empty((N, nr, ow, kh, kw, C), dtype=dtype)
     for ky in range(kh):
         y0 = r0 * sh + ky * dh

@@ -93,3 +93,28 @@ def depthwise_int8(xp, w, oh, ow, sh, sw, dh, dw, out):  # pragma: no cover - co
                                 acc[c] += np.int32(row[c]) * np.int32(wt[c])
                     for c in range(C):
                         out[n, y, x, c * M + m] = acc[c]
+
+
+@njit(cache=True, nogil=True)
+def im2col(xp, r0, nr, ow, kh, kw, sh, sw, dh, dw, out):  # pragma: no cover - compiled by Numba
+    """out[(n·nr + r)·ow + x, (ky·kw + kx)·C + c] = xp[n, (r0 + r)·sh + ky·dh, x·sw + kx·dw, c] for the padded NHWC
+    xp and out (both C-contiguous): the patches of output rows r0 .. r0+nr-1 in (ky, kx, c) order, by flat indices,
+    one run of C bytes per kernel position."""
+    N, H, W, C = xp.shape
+    xf = xp.reshape(-1)
+    of = out.reshape(-1)
+    K = kh * kw * C
+    for n in range(N):
+        for r in range(nr):
+            y0 = (r0 + r) * sh
+            for x in range(ow):
+                j = ((n * nr + r) * ow + x) * K
+                for ky in range(kh):
+                    b = ((n * H + y0 + ky * dh) * W + x * sw) * C
+                    for kx in range(kw):
+                        i = b + kx * dw * C
+                        dst = of[j:j + C]               # slices, then 0-based indices: a vectorised copy
+                        src = xf[i:i + C]
+                        for c in range(C):
+                            dst[c] = src[c]
+                        j += C
