@@ -43,17 +43,26 @@ def weights(banks, wt, valid, wbase, baw, n, ocp, depth, w):
             for k in range(n):
                 Wq[k, o] = brow[(p + k) % tot]
         return Wq
-    for line in range(line0, line0 + nl):
-        if valid[line] == 0:
-            a = line * w
-            for o in range(ocp):
-                brow = banks[wbase + o]
-                for b in range(w):
-                    wt[a + b, o] = brow[a + b]
-            for o in range(ocp, nlanes):
-                for b in range(w):
-                    wt[a + b, o] = 0
-            valid[line] = 1
+    line = line0
+    while line < line0 + nl:                    # runs of lines not converted yet: one pass per channel each
+        if valid[line] != 0:
+            line += 1
+            continue
+        l1 = line + 1
+        while l1 < line0 + nl and valid[l1] == 0:
+            l1 += 1
+        for o in range(nlanes):
+            dst = wt[line * w:l1 * w, o]
+            if o < ocp:
+                src = banks[wbase + o][line * w:l1 * w]
+                for k in range(dst.size):
+                    dst[k] = src[k]
+            else:
+                for k in range(dst.size):
+                    dst[k] = 0
+        for j in range(line, l1):
+            valid[j] = 1
+        line = l1
     return wt[line0 * w:line0 * w + n]
 
 
@@ -100,18 +109,30 @@ def weights_vnni(banks, wt32, wsl, valid, wbase, baw, n, ocp, depth, w, wsum):
                 Wv[k, o] = v
                 wsum[o] += _byte_sum(np.int64(v))
         return Wv
-    for line in range(line0, line0 + nl):
-        if valid[line] == 0:
-            a = line * w4
-            for o in range(ocp):
-                brow = banks[wbase + o].view(np.int32)
+    line = line0
+    while line < line0 + nl:                    # runs of lines not converted yet: one pass per channel each
+        if valid[line] != 0:
+            line += 1
+            continue
+        l1 = line + 1
+        while l1 < line0 + nl and valid[l1] == 0:
+            l1 += 1
+        for o in range(ocp):
+            src = banks[wbase + o].view(np.int32)[line * w4:l1 * w4]
+            dst = wt32[line * w4:l1 * w4, o]
+            for k in range(src.size):
+                dst[k] = src[k]
+            b8 = banks[wbase + o][line * w:l1 * w]
+            for j in range(l1 - line):
                 s = np.int64(0)
-                for b in range(w4):
-                    v = brow[a + b]
-                    wt32[a + b, o] = v
-                    s += _byte_sum(np.int64(v))
-                wsl[line, o] = s
-            valid[line] = 1
+                bl = b8[j * w:(j + 1) * w]
+                for b in range(w):
+                    s += bl[b]
+                wsl[line + j, o] = s
+        for j in range(line, l1):
+            valid[j] = 1
+        line = l1
+    for line in range(line0, line0 + nl):
         for o in range(ocp):
             wsum[o] += wsl[line, o]
     return wt32[line0 * w4:line0 * w4 + n // 4]
