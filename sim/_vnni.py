@@ -57,49 +57,61 @@ def _dpbusd(builder, acc, a, b, vnni: bool):
 
 def _make_tile8(vnni: bool):
     @intrinsic
-    def tile8(typingctx, X, offs, W, w0, ws, n4, acc):
-        """acc[t, j] += Σ_{q<n4} Σ_{b<4} X[offs[t] + 4q + b] · W[w0 + ws·q + 4j + b] for t < 8, j < 16 (X uint8, W int8,
-        acc int32 [8, 16] C-contiguous; offsets, w0 and the quad row stride ws in bytes, n4 ≥ 0)."""
-        sig = types.void(X, offs, W, types.int64, types.int64, types.int64, acc)
+    def tile8(typingctx, X, offs, W, w0, ws, n4, nrows, xstep, init, acc):
+        """acc[t, j] (+)= Σ_{r<nrows} Σ_{q<n4} Σ_{b<4} X[offs[t] + r·xstep + 4q + b] · W[w0 + ws·(r·n4 + q) + 4j + b]
+        for t < 8, j < 16: nrows runs of n4 quads of activations (kernel rows, xstep bytes apart) against consecutive
+        weight quad rows (X uint8, W int8, acc int32 [8, 16] C-contiguous; offsets, w0, the quad row stride ws and
+        xstep in bytes; n4, nrows ≥ 0). init ≠ 0 starts from zero instead of acc."""
+        sig = types.void(X, offs, W, types.int64, types.int64, types.int64, types.int64, types.int64, types.int64,
+                         acc)
 
         def codegen(context, builder, signature, args):
-            xa, oa, wa, w0v, wsv, n4v, aa = args
+            xa, oa, wa, w0v, wsv, n4v, nrv, xsv, initv, aa = args
             data = [context.make_array(signature.args[k])(context, builder, v).data
-                    for k, v in ((0, xa), (1, oa), (2, wa), (6, aa))]
+                    for k, v in ((0, xa), (1, oa), (2, wa), (9, aa))]
             xp, op, wp, ap = (builder.bitcast(d, t.as_pointer()) for d, t in zip(data, (_I8, _I64, _I8, _I32)))
             wp = builder.gep(wp, [w0v])
+            c0, c1, c4 = (ir.Constant(_I64, v) for v in (0, 1, 4))
             xptrs = [builder.gep(xp, [builder.load(builder.gep(op, [ir.Constant(_I64, t)]))]) for t in range(NP)]
             aptrs = [builder.bitcast(builder.gep(ap, [ir.Constant(_I64, LANES * t)]), _V16.as_pointer())
                      for t in range(NP)]
-            acc0 = [builder.load(p, align=4) for p in aptrs]
+            fresh = builder.icmp_signed("!=", initv, c0)
+            zero = ir.Constant(_V16, [0] * LANES)
+            acc0 = [builder.select(fresh, zero, builder.load(p, align=4)) for p in aptrs]
+            total = builder.mul(n4v, nrv)
+            jump = builder.sub(xsv, builder.mul(n4v, c4))      # from the end of one run to the next run's start
             pre = builder.block
             loop = builder.function.append_basic_block("vnni_loop")
             done = builder.function.append_basic_block("vnni_done")
-            builder.cbranch(builder.icmp_signed(">", n4v, ir.Constant(_I64, 0)), loop, done)
+            builder.cbranch(builder.icmp_signed(">", total, c0), loop, done)
             builder.position_at_end(loop)
-            q = builder.phi(_I64)
-            q.add_incoming(ir.Constant(_I64, 0), pre)
+            i, q, xo = builder.phi(_I64), builder.phi(_I64), builder.phi(_I64)
+            for ph in (i, q, xo):
+                ph.add_incoming(c0, pre)
             accs = []
             for a in acc0:
                 ph = builder.phi(_V16)
                 ph.add_incoming(a, pre)
                 accs.append(ph)
-            wv = builder.load(builder.bitcast(builder.gep(wp, [builder.mul(q, wsv)]),
-                                              _V16.as_pointer()), align=1)
-            q4 = builder.mul(q, ir.Constant(_I64, 4))
+            wv = builder.load(builder.bitcast(builder.gep(wp, [builder.mul(i, wsv)]), _V16.as_pointer()), align=1)
             undef = ir.Constant(_V16, ir.Undefined)
-            splat = ir.Constant(_V16, [0] * LANES)
             new = []
             for t in range(NP):
-                x4 = builder.load(builder.bitcast(builder.gep(xptrs[t], [q4]), _I32.as_pointer()), align=1)
-                xv = builder.shuffle_vector(builder.insert_element(undef, x4, ir.Constant(_I32, 0)), undef, splat)
+                x4 = builder.load(builder.bitcast(builder.gep(xptrs[t], [xo]), _I32.as_pointer()), align=1)
+                xv = builder.shuffle_vector(builder.insert_element(undef, x4, ir.Constant(_I32, 0)), undef, zero)
                 new.append(_dpbusd(builder, accs[t], xv, wv, vnni))
-            qn = builder.add(q, ir.Constant(_I64, 1))
+            i_n = builder.add(i, c1)
+            q1 = builder.add(q, c1)
+            wrap = builder.icmp_signed("==", q1, n4v)
+            q_n = builder.select(wrap, c0, q1)
+            xo_n = builder.add(builder.add(xo, c4), builder.select(wrap, jump, c0))
             end = builder.block
-            q.add_incoming(qn, end)
+            i.add_incoming(i_n, end)
+            q.add_incoming(q_n, end)
+            xo.add_incoming(xo_n, end)
             for ph, v in zip(accs, new):
                 ph.add_incoming(v, end)
-            builder.cbranch(builder.icmp_signed("<", qn, n4v), loop, done)
+            builder.cbranch(builder.icmp_signed("<", i_n, total), loop, done)
             builder.position_at_end(done)
             fin = []
             for t in range(NP):                   # every phi first: LLVM wants them at the top of the block
@@ -120,15 +132,15 @@ _tile8_generic = _make_tile8(False)
 
 
 @njit(cache=True)
-def tile8_generic(X, offs, W, w0, ws, n4, acc):
+def tile8_generic(X, offs, W, w0, ws, n4, nrows, xstep, init, acc):
     """The portable form of the tile kernel, callable from Python (tests)."""
-    _tile8_generic(X, offs, W, w0, ws, n4, acc)
+    _tile8_generic(X, offs, W, w0, ws, n4, nrows, xstep, init, acc)
 
 
 @njit(cache=True)
-def tile8(X, offs, W, w0, ws, n4, acc):
+def tile8(X, offs, W, w0, ws, n4, nrows, xstep, init, acc):
     """The host's form of the tile kernel (VNNI where the CPU has it), callable from Python (tests)."""
-    _tile8(X, offs, W, w0, ws, n4, acc)
+    _tile8(X, offs, W, w0, ws, n4, nrows, xstep, init, acc)
 
 
 @njit(cache=True)
@@ -136,7 +148,8 @@ def conv_acc_vnni(Xu, Wv, wsum, A, vpp, length, ocp, ic, kh, kw, sh, sw):
     """A[h, x·ocp + o] = Σ_{ky, q} x[h·sh + ky, x·sw·ic + q]·w[o, ky, q] exactly (int64), from the offset tile Xu
     (uint8, C-contiguous) and the weights Wv int32 [kh·kw·ic/4, nb·LANES] (each word the 4 bytes of one quad, in
     order; C-contiguous); wsum[o] = Σ of output channel o's weights.
-    Output pixels of all vpp rows form one list, NP at a time (the last tile repeats the last pixel)."""
+    Output pixels of all vpp rows form one list, NP at a time (the last tile repeats the last pixel); a tile's
+    whole window is one kernel call when it has at most QUADS_MAX quads, else runs of QUADS_MAX flushed to int64."""
     L4 = kw * ic // 4
     P = vpp * length
     nb = Wv.shape[1] // LANES
@@ -144,6 +157,7 @@ def conv_acc_vnni(Xu, Wv, wsum, A, vpp, length, ocp, ic, kh, kw, sh, sw):
     Xf = Xu.reshape(-1)
     Wf = Wv.reshape(-1).view(np.int8)
     lane_row = Wv.shape[1] * 4                  # bytes per quad row of Wv
+    one_run = kh * L4 <= QUADS_MAX
     base = np.empty(P, np.int64)                # each output pixel's window start in kernel row 0
     for p in range(P):
         base[p] = (p // length) * sh * cols + (p % length) * sw * ic
@@ -153,22 +167,27 @@ def conv_acc_vnni(Xu, Wv, wsum, A, vpp, length, ocp, ic, kh, kw, sh, sw):
     for p0 in range(0, P, NP):
         nt = min(NP, P - p0)
         for ob in range(nb):
-            acc[:] = 0
             tot[:] = 0
-            used = 0
-            for ky in range(kh):
-                for q0 in range(0, L4, QUADS_MAX):
-                    n4 = min(QUADS_MAX, L4 - q0)
-                    if used + n4 > QUADS_MAX:           # flush before an int32 lane could reach 2^31
+            if one_run:
+                for t in range(NP):
+                    off[t] = base[p0 + min(t, nt - 1)]
+                _tile8(Xf, off, Wf, ob * LANES * 4, lane_row, L4, kh, cols, 1, acc)
+            else:
+                acc[:] = 0
+                used = 0
+                for ky in range(kh):
+                    for q0 in range(0, L4, QUADS_MAX):
+                        n4 = min(QUADS_MAX, L4 - q0)
+                        if used + n4 > QUADS_MAX:       # flush before an int32 lane could reach 2^31
+                            for t in range(NP):
+                                for j in range(LANES):
+                                    tot[t, j] += acc[t, j]
+                            acc[:] = 0
+                            used = 0
                         for t in range(NP):
-                            for j in range(LANES):
-                                tot[t, j] += acc[t, j]
-                        acc[:] = 0
-                        used = 0
-                    for t in range(NP):
-                        off[t] = base[p0 + min(t, nt - 1)] + ky * cols + 4 * q0
-                    _tile8(Xf, off, Wf, (ky * L4 + q0) * lane_row + ob * LANES * 4, lane_row, n4, acc)
-                    used += n4
+                            off[t] = base[p0 + min(t, nt - 1)] + ky * cols + 4 * q0
+                        _tile8(Xf, off, Wf, (ky * L4 + q0) * lane_row + ob * LANES * 4, lane_row, n4, 1, 0, 0, acc)
+                        used += n4
             o0 = ob * LANES
             for t in range(nt):
                 p = p0 + t

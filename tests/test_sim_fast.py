@@ -211,15 +211,18 @@ def test_vnni_kernel_past_the_int32_run():
         np.testing.assert_array_equal(A[0], W.reshape(16, -1).astype(np.int64) @ X.reshape(-1).astype(np.int64))
     rng = np.random.default_rng(4)
     Xu = rng.integers(0, 256, 8 * 1000, dtype=np.uint8)
-    Wv = rng.integers(-128, 128, 250 * 32 * 4, dtype=np.int8)
+    Wv = rng.integers(-128, 128, 200 * 32 * 4, dtype=np.int8)
     offs = np.arange(8, dtype=np.int64) * 1000
-    a, b = np.zeros((8, 16), np.int32), np.zeros((8, 16), np.int32)
-    _vnni.tile8(Xu, offs, Wv, 64, 128, 250, a)                 # the second block of 16 lanes, rows of 32 lanes
-    _vnni.tile8_generic(Xu, offs, Wv, 64, 128, 250, b)
-    ref = Xu.reshape(8, 1000).astype(np.int64) @ Wv.reshape(250, 2, 16, 4)[:, 1].transpose(0, 2, 1).reshape(
-        1000, 16).astype(np.int64)
+    a, b = np.zeros((8, 16), np.int32), np.ones((8, 16), np.int32)
+    # two kernel rows of 100 quads, 600 bytes apart in X; lanes 16..31 of weight rows 32 lanes wide
+    _vnni.tile8(Xu, offs, Wv, 64, 128, 100, 2, 600, 1, a)
+    _vnni.tile8_generic(Xu, offs, Wv, 64, 128, 100, 2, 600, 1, b)     # init: b's ones are not added
+    xs = np.concatenate([Xu.reshape(8, 1000)[:, :400], Xu.reshape(8, 1000)[:, 600:]], axis=1).astype(np.int64)
+    ref = xs @ Wv.reshape(200, 2, 16, 4)[:, 1].transpose(0, 2, 1).reshape(800, 16).astype(np.int64)
     np.testing.assert_array_equal(a, ref)
     np.testing.assert_array_equal(b, ref)
+    _vnni.tile8(Xu, offs, Wv, 64, 128, 100, 2, 600, 0, a)      # without init the sums add to acc
+    np.testing.assert_array_equal(a, 2 * ref)
 
 
 def test_kernel_choice():
