@@ -145,9 +145,9 @@ def tile8(X, offs, W, w0, ws, n4, nrows, xstep, init, acc):
 
 @njit(cache=True)
 def conv_acc_vnni(Xu, Wv, wsum, A, vpp, length, ocp, ic, kh, kw, sh, sw):
-    """A[h, x·ocp + o] = Σ_{ky, q} x[h·sh + ky, x·sw·ic + q]·w[o, ky, q] exactly (int64), from the offset tile Xu
-    (uint8, C-contiguous) and the weights Wv int32 [kh·kw·ic/4, nb·LANES] (each word the 4 bytes of one quad, in
-    order; C-contiguous); wsum[o] = Σ of output channel o's weights.
+    """A[h, x·ocp + o] = Σ_{ky, q} x[h·sh + ky, x·sw·ic + q]·w[o, ky, q] exactly (A int64, C-contiguous), from the
+    offset tile Xu (uint8, C-contiguous) and the weights Wv int32 [kh·kw·ic/4, nb·LANES] (each word the 4 bytes of
+    one quad, in order; C-contiguous); wsum[o] = Σ of output channel o's weights.
     Output pixels of all vpp rows form one list, NP at a time (the last tile repeats the last pixel); a tile's
     whole window is one kernel call when it has at most QUADS_MAX quads, else runs of QUADS_MAX flushed to int64."""
     L4 = kw * ic // 4
@@ -158,6 +158,8 @@ def conv_acc_vnni(Xu, Wv, wsum, A, vpp, length, ocp, ic, kh, kw, sh, sw):
     Wf = Wv.reshape(-1).view(np.int8)
     lane_row = Wv.shape[1] * 4                  # bytes per quad row of Wv
     one_run = kh * L4 <= QUADS_MAX
+    Af = A.reshape(-1)
+    corr = 128 * wsum                           # the offset of the unsigned activations, per output channel
     base = np.empty(P, np.int64)                # each output pixel's window start in kernel row 0
     for p in range(P):
         base[p] = (p // length) * sh * cols + (p % length) * sw * ic
@@ -167,12 +169,12 @@ def conv_acc_vnni(Xu, Wv, wsum, A, vpp, length, ocp, ic, kh, kw, sh, sw):
     for p0 in range(0, P, NP):
         nt = min(NP, P - p0)
         for ob in range(nb):
-            tot[:] = 0
-            if one_run:
+            if one_run:                         # tot stays zero
                 for t in range(NP):
                     off[t] = base[p0 + min(t, nt - 1)]
                 _tile8(Xf, off, Wf, ob * LANES * 4, lane_row, L4, kh, cols, 1, acc)
             else:
+                tot[:] = 0
                 acc[:] = 0
                 used = 0
                 for ky in range(kh):
@@ -189,9 +191,11 @@ def conv_acc_vnni(Xu, Wv, wsum, A, vpp, length, ocp, ic, kh, kw, sh, sw):
                         _tile8(Xf, off, Wf, (ky * L4 + q0) * lane_row + ob * LANES * 4, lane_row, n4, 1, 0, 0, acc)
                         used += n4
             o0 = ob * LANES
-            for t in range(nt):
-                p = p0 + t
-                a = A[p // length]
-                c0 = (p % length) * ocp
-                for j in range(min(LANES, ocp - o0)):
-                    a[c0 + o0 + j] = tot[t, j] + acc[t, j] - 128 * wsum[o0 + j]
+            nl = min(LANES, ocp - o0)
+            cr = corr[o0:o0 + nl]
+            for t in range(nt):                 # A[h, x·ocp + o] is Af[p·ocp + o]: a run of nl per pixel
+                dst = Af[(p0 + t) * ocp + o0:(p0 + t) * ocp + o0 + nl]
+                at = acc[t]
+                tt = tot[t]
+                for j in range(nl):
+                    dst[j] = tt[j] + at[j] - cr[j]
