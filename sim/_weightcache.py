@@ -28,6 +28,17 @@ _LD = FIELD_INDEX["LOAD"]
 LD_BANK, LD_ADDR, LD_LEN, LD_CH, LD_JW = (_LD[n] for n in ("bank_id", "bank_addr", "length", "channel", "jump_write"))
 
 
+@njit(cache=True, inline="always")
+def _stale_run(valid, line, end):
+    """(first, stop) of the first run of lines not yet converted in [line, end); first == stop == end when none."""
+    while line < end and valid[line] != 0:
+        line += 1
+    stop = line
+    while stop < end and valid[stop] == 0:
+        stop += 1
+    return line, stop
+
+
 @njit(cache=True)
 def weights(banks, wt, valid, wbase, baw, n, ocp, depth, w):
     """Wq [n, lanes] of the n weight bytes from line baw of the ocp weight banks (zero lanes from ocp up)."""
@@ -44,13 +55,10 @@ def weights(banks, wt, valid, wbase, baw, n, ocp, depth, w):
                 Wq[k, o] = brow[(p + k) % tot]
         return Wq
     line = line0
-    while line < line0 + nl:                    # runs of lines not converted yet: one pass per channel each
-        if valid[line] != 0:
-            line += 1
-            continue
-        l1 = line + 1
-        while l1 < line0 + nl and valid[l1] == 0:
-            l1 += 1
+    while True:                                 # runs of lines not converted yet: one pass per channel each
+        line, l1 = _stale_run(valid, line, line0 + nl)
+        if line == l1:
+            break
         for o in range(nlanes):
             dst = wt[line * w:l1 * w, o]
             if o < ocp:
@@ -110,13 +118,10 @@ def weights_vnni(banks, wt32, wsl, valid, wbase, baw, n, ocp, depth, w, wsum):
                 wsum[o] += _byte_sum(np.int64(v))
         return Wv
     line = line0
-    while line < line0 + nl:                    # runs of lines not converted yet: one pass per channel each
-        if valid[line] != 0:
-            line += 1
-            continue
-        l1 = line + 1
-        while l1 < line0 + nl and valid[l1] == 0:
-            l1 += 1
+    while True:                                 # runs of lines not converted yet: one pass per channel each
+        line, l1 = _stale_run(valid, line, line0 + nl)
+        if line == l1:
+            break
         for o in range(ocp):
             src = banks[wbase + o].view(np.int32)[line * w4:l1 * w4]
             dst = wt32[line * w4:l1 * w4, o]
