@@ -32,6 +32,9 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+# Whether LLVM may emit the 512-bit vpdpbusd here (the host features it compiles for). compiler/ref/_intgemm.py asks
+# another question of /proc/cpuinfo (does onnxruntime's kernel use any VNNI, AVX-VNNI included), and the golden
+# must not import sim, so the two checks stay apart.
 HAVE_VNNI = bool(llvm.get_host_cpu_features().get("avx512vnni", False))
 NP = 8                 # output pixels per tile
 LANES = 16             # output channels per tile (16 int32 lanes)

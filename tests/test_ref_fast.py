@@ -342,11 +342,13 @@ def test_intgemm_prepared_on_second_use_or_when_large():
 @given(st.integers(1, 2), st.integers(1, 5), st.integers(1, 5), st.integers(1, 3), st.integers(1, 3), st.integers(1, 2),
        st.integers(1, 2), st.integers(1, 20), st.integers(0, 2))
 def test_im2col_uint8_kernel_equals_numpy(n, kh, kw, sh, sw, dh, dw, c, r0):
-    """The golden's one-pass uint8 patch gathering (_kernels.im2col, the operand of the int8 products) equals
-    numpy's per-kernel-position strided copies (the path every other dtype takes)."""
+    """The golden's one-pass uint8 patch gathering (_kernels.im2col, the operand of the int8 products) equals the
+    definition of the patch matrix, written out element by element: row (n, r, x), column (ky, kx, c)."""
     oh, ow = 3, 4
     hp, wp = (r0 + oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
     xp = np.random.default_rng(c).integers(0, 256, (n, hp, wp, c), dtype=np.uint8)
     got = _fast._im2col(xp, r0, r0 + oh, ow, (kh, kw), (sh, sw), (dh, dw), np.uint8)
-    want = _fast._im2col(xp.astype(np.int16), r0, r0 + oh, ow, (kh, kw), (sh, sw), (dh, dw), np.int16)
-    assert got.dtype == np.uint8 and np.array_equal(got, want)
+    want = np.array([[xp[b, (r0 + r) * sh + ky * dh, x * sw + kx * dw, ch]             # the definition, element
+                      for ky in range(kh) for kx in range(kw) for ch in range(c)]       # by element
+                     for b in range(n) for r in range(oh) for x in range(ow)], dtype=np.uint8)
+    assert got.dtype == np.uint8 and got.shape == want.shape and np.array_equal(got, want)

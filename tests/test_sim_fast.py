@@ -225,6 +225,19 @@ def test_vnni_kernel_past_the_int32_run():
     np.testing.assert_array_equal(a, 2 * ref)
 
 
+def test_fast_mode_names_and_refusals():
+    """DpuMachine(fast=...): True picks the host's best for the array ("vnni" only where CP is a multiple of 4 and
+    the CPU has VNNI); an unknown name, or "vnni" on an array whose lines are not whole 4-byte groups, is refused
+    by name before any work."""
+    assert DpuMachine(B4096, {}, fast=True).fast == ("vnni" if _vnni.HAVE_VNNI else "float32")
+    assert DpuMachine(ODD, {}, fast=True).fast == "float32"
+    assert DpuMachine(B4096, {}, fast=False).fast is False
+    with pytest.raises(ValueError, match="fast must be True, False, 'float32' or 'vnni', not 'int8'"):
+        DpuMachine(B4096, {}, fast="int8")
+    with pytest.raises(ValueError, match="needs CP a multiple of 4 .*CP 10"):
+        DpuMachine(ODD, {}, fast="vnni")
+
+
 def test_kernel_choice():
     """Both kernels are reachable from the executor (the choice only trades speed: each is checked above)."""
     assert use_outer(64, 8) and use_outer(512, 64) and not use_outer(1024, 112) and not use_outer(512, 21)
