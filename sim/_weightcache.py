@@ -127,13 +127,13 @@ def weights_vnni(banks, wt32, wsl, valid, wbase, baw, n, ocp, depth, w, wsum):
             dst = wt32[line * w4:l1 * w4, o]
             for k in range(src.size):
                 dst[k] = src[k]
-            b8 = banks[wbase + o][line * w:l1 * w]
-            for j in range(l1 - line):
-                s = np.int64(0)
-                bl = b8[j * w:(j + 1) * w]
-                for b in range(w):
-                    s += bl[b]
-                wsl[line + j, o] = s
+        for j in range(line, l1):               # per-line sums from the mirror's rows: whole rows of lanes at a time
+            s = wsl[j]
+            s[:] = 0
+            for k in range(j * w4, (j + 1) * w4):
+                row = wt32[k]
+                for o in range(nlanes):
+                    s[o] += _byte_sum(np.int64(row[o]))
         for j in range(line, l1):
             valid[j] = 1
         line = l1
