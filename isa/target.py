@@ -71,6 +71,11 @@ TIMING_BOUNDS = {
     "board_ddr_mbps": (0, 1 << 24),
     "ddr_efficiency_pct": (1, 100),
     "frame_overhead_us": (0, 1 << 30),
+    "host_frame_us": (0, 1 << 30),
+    "host_us_per_mb": (0, 1 << 30),
+    "cpu_threads": (1, 1024),
+    "cpu_mhz": (1, 100_000),
+    "host_load_pct": (100, 10_000),
 }
 
 
@@ -130,7 +135,17 @@ class Timing:
     # one core is bounded by its own ports above, in the cycle model and the RTL alike.
     board_ddr_mbps: int = 0
     ddr_efficiency_pct: int = 100
-    frame_overhead_us: int = 0      # host time per DPU run (VART job submission, cache maintenance, interrupt)
+    frame_overhead_us: int = 0      # per DPU run, the core idle: job submission, cache maintenance, interrupt
+    # The board's host side (sim/multicore.py): work per frame on one CPU thread, a fixed part and a part per 10^6
+    # bytes of the graph's input and output tensors (at sim.multicore.HOST_REF_MHZ), and the threads and clock of
+    # the CPU that runs it in parallel with the DPU cores.
+    host_frame_us: int = 0
+    host_us_per_mb: int = 0
+    cpu_threads: int = 1
+    cpu_mhz: int = 1200
+    # CPU time of a frame when every thread is busy (multi-thread), in % of the single-thread host work plus the
+    # runs' overheads (the CPU side of job submission and cache maintenance): the A53s share their L2 and the DDR
+    host_load_pct: int = 100
 
     def __post_init__(self):
         for k, v in list(self.__dict__.items()):

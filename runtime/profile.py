@@ -190,6 +190,7 @@ class Profile:
     model: str
     subgraphs: list[SubgraphProfile]
     cores: int = 1
+    io_bytes: int = 0             # the graph's input and output tensors (elements): what the host work grows with
 
     @property
     def total_cycles(self) -> int:
@@ -207,8 +208,11 @@ class Profile:
     def throughput(self):
         """fps of the first subgraph's target's `cores` on its board timing (sim/multicore.py): every DPU
         subgraph one DPU run per frame."""
-        from opendpu.sim.multicore import throughput
-        return throughput(self.total_cycles, self.ddr_bytes, self.subgraphs[0].target, runs=len(self.subgraphs))
+        from opendpu.sim.multicore import demand_trace, throughput
+        t = self.subgraphs[0].target
+        tr = demand_trace([sp.schedule for sp in self.subgraphs], t.timing.clock_mhz, t.timing.frame_overhead_us)
+        return throughput(self.total_cycles, self.ddr_bytes, t, runs=len(self.subgraphs), trace=tr,
+                          io_bytes=self.io_bytes)
 
     @property
     def fps(self) -> float:
@@ -718,9 +722,21 @@ def profile_graph(graph: Graph, target: Target | None = None, timing: dict | Non
         subs.append(profile_subgraph(d, t))
     if not subs:
         raise RuntimeErrorDPU(f"{model or graph.name}: the graph has no DPU subgraph to profile")
-    return Profile(model or graph.name, subs, cores)
+    return Profile(model or graph.name, subs, cores, host_io_bytes(graph))
 
 
-__all__ = ["Profile", "SubgraphProfile", "Layer", "profile_graph", "profile_subgraph", "ProgramSummary",
+def host_io_bytes(graph: Graph) -> int:
+    """Elements of the graph's input tensors (data ops) and output tensors (ops nothing consumes): the data the
+    host pre- and post-processes per frame (sim/multicore.py)."""
+    n = 0
+    for name, op in graph.ops.items():
+        if op.output is None or op.type in ("const", "const-fix"):
+            continue
+        if op.type in ("data", "data-fix") or not graph.consumers(name):
+            n += int(np.prod(op.output.shape, dtype=np.int64))
+    return n
+
+
+__all__ = ["Profile", "SubgraphProfile", "host_io_bytes", "Layer", "profile_graph", "profile_subgraph", "ProgramSummary",
            "summarize_subgraph", "profile_summary", "COLUMNS", "PLOT_FORMATS",
            "TOTAL_SUFFIX", "side_by_side", "format_side_by_side", "SIDE_COLUMNS"]

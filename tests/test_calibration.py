@@ -2,6 +2,7 @@
 throughput model, with hand-computed values; and the compiled Caffe ResNet-50 on B4096 against UG1414's table."""
 import math
 
+import numpy as np
 import pytest
 
 from opendpu.isa.boards import BOARDS, get_board
@@ -340,3 +341,45 @@ def test_compare_refuses_two_unrelated_programs(capsys):
     assert main(["profile", model_path("dpu_mnist_classifier"), "--compare", model_path("yolox_nano_b4096")]) == 2
     err = capsys.readouterr().err
     assert "have no layer in common: not two programs of one graph" in err and "Traceback" not in err
+
+
+# ---- the board as a pipeline (issue 33, sim/multicore.py) ---------------------------------------------------------
+def test_shared_ddr_by_hand():
+    from opendpu.sim.multicore import shared_ddr_fps
+    flat = np.full(100, 4e6 / 100)                  # 4 MB per 1 ms frame, evenly
+    # 3 cores ask 12 GB/s; with 6 GB/s all slow down alike: fps = BW / bytes per frame
+    assert shared_ddr_fps(flat, 1e-3, 3, 6e9) == pytest.approx(1500.0, rel=1e-6)
+    assert shared_ddr_fps(flat, 1e-3, 3, 12e9) == pytest.approx(3000.0)     # exactly enough: full speed
+    burst = np.r_[np.full(50, 4e6 / 50), np.zeros(50)]   # all 4 MB in the first half: 8 GB/s, then compute
+    # one core with 4 GB/s: the burst takes twice as long: 1 ms + 0.5 ms per frame
+    assert shared_ddr_fps(burst, 1e-3, 1, 4e9) == pytest.approx(1e3 / 1.5, rel=1e-6)
+    # two cores half a frame apart never burst together: 8 GB/s is enough
+    assert shared_ddr_fps(burst, 1e-3, 2, 8e9) == pytest.approx(2000.0, rel=1e-6)
+    # at 6 GB/s: no better than the roofline (6 GB/s / 4 MB = 1,500 fps), no worse than both bursting together at
+    # 3 GB/s each (1.333 ms + 0.5 ms per frame: 2 / 1.833 ms = 1,091 fps)
+    assert 2 / 1.8333e-3 <= shared_ddr_fps(burst, 1e-3, 2, 6e9) <= 1500.0 * (1 + 1e-9)
+    # three cores at 10 GB/s: between all three bursting together (10/3 GB/s each: 1.2 + 0.5 ms, 1,765 fps) and the
+    # roofline (2,500 fps)
+    assert 3 / 1.7e-3 <= shared_ddr_fps(burst, 1e-3, 3, 10e9) <= 2500.0
+
+
+def test_pipeline_single_and_multi_thread_by_hand():
+    from opendpu.sim.multicore import host_us
+    t = get_target("DPUCZDX8G_ISA1_B4096").with_timing(clock_mhz=300.0, cores=2, frame_overhead_us=100,
+                                                      host_frame_us=400, host_us_per_mb=2000, cpu_threads=4,
+                                                      cpu_mhz=1200)
+    # host: 400 us + 2000 us/MB x 0.15 MB = 700 us on one thread; DPU: 3 ms + 0.1 ms per run
+    assert host_us(150_000, t) == pytest.approx(700.0)
+    assert host_us(150_000, t.with_timing(cpu_mhz=1500)) == pytest.approx(700.0 * 1200 / 1500)
+    tp = throughput(900_000, 1000, t, io_bytes=150_000)
+    assert tp.latency_ms == pytest.approx(3.1 + 0.7) and tp.fps_single == pytest.approx(1e3 / 3.8)
+    # multi-thread: 2 cores / 3.1 ms = 645 fps against 4 threads / 0.7 ms = 5,714 fps: DPU-bound
+    assert tp.fps == pytest.approx(2 / 3.1e-3) and tp.bound == "dpu"
+    # a small model on 3 cores: 90,000 cycles (0.3 ms) -> 3 / 0.4 ms = 7,500 fps; the CPU per frame is the host work
+    # and the run's overhead, 0.8 ms: 4 / 0.8 ms = 5,000 fps; with host_load_pct 150, 4 / 1.2 ms = 3,333
+    small = throughput(90_000, 1000, t.with_timing(cores=3), io_bytes=150_000)
+    assert small.fps == pytest.approx(4 / 0.8e-3) and small.bound == "host"
+    assert throughput(90_000, 1000, t.with_timing(cores=3, host_load_pct=150), io_bytes=150_000).fps == \
+        pytest.approx(4 / 1.2e-3)
+    # single-thread fps does not depend on the cores
+    assert small.fps_single == pytest.approx(throughput(90_000, 1000, t, io_bytes=150_000).fps_single)

@@ -24,7 +24,9 @@ from .spec import ModelSpec, SweepError, input_shape
 # Timing fields the cycle model does not read (milliseconds, the multi-core and host model, the watchdog): a point
 # that changes only these reuses the compiled program of its configuration.
 MODEL_ONLY_TIMING = ("clock_mhz", "dsp_clock_mult", "cores", "board_ddr_mbps", "ddr_efficiency_pct",
-                     "frame_overhead_us", "watchdog_cycles")
+                     "frame_overhead_us", "host_frame_us", "host_us_per_mb", "cpu_threads", "cpu_mhz",
+                     "host_load_pct",
+                     "watchdog_cycles")
 
 
 # ---- source hashes ---------------------------------------------------------------------------------------------
@@ -99,6 +101,7 @@ class CompiledModel:
     cpu_ops: list[tuple[str, str]]    # (op, reason) placed on the CPU
     onchip_lines: int                 # distinct bank lines the programs write (all subgraphs, the largest)
     compile_s: float
+    io_bytes: int = 0                 # the graph's input and output tensors (runtime.profile.host_io_bytes)
 
 
 _ARTIFACTS: dict[str, CompiledModel] = {}

@@ -45,7 +45,7 @@ def compile_point(graph_bytes_or_path, t: Target, options: dict) -> CompiledMode
     (runtime.flow.compile_step, as `opendpu compile`)."""
     from opendpu.runtime.dpu import DpuSubgraph, dpu_subgraphs
     from opendpu.runtime.flow import compile_step
-    from opendpu.runtime.profile import summarize_subgraph
+    from opendpu.runtime.profile import host_io_bytes, summarize_subgraph
     t0 = time.perf_counter()
     res = compile_step(_graph(graph_bytes_or_path), t, options=options)
     out = res.graph
@@ -55,7 +55,7 @@ def compile_point(graph_bytes_or_path, t: Target, options: dict) -> CompiledMode
         sums.append(summarize_subgraph(d))
         lines = max(lines, _onchip_lines(d.arrays, t))
     cpu = [(str(c["name"]), " ".join(str(c["reason"]).split())) for c in res.meta["coverage"]["cpu_ops"]]
-    return CompiledModel(sums, cpu, lines, time.perf_counter() - t0)
+    return CompiledModel(sums, cpu, lines, time.perf_counter() - t0, host_io_bytes(out))
 
 
 _GRAPHS: dict[str, Any] = {}
@@ -135,7 +135,7 @@ def measure(comp: CompiledModel, t: Target) -> tuple[dict, list[dict]]:
     in graph order, one DPU run each; fps with cores, host overhead and DDR contention (sim/multicore.py)."""
     from opendpu.runtime.profile import Profile, profile_summary
     subs = [profile_summary(s, t) for s in comp.summaries]
-    prof = Profile("", subs, t.timing.cores)
+    prof = Profile("", subs, t.timing.cores, comp.io_bytes)
     thr = prof.throughput()
     cycles = prof.total_cycles
     ops = sum(s.workload for s in subs)
