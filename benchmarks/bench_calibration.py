@@ -6,7 +6,11 @@ per-row launch overhead of vaitrace's fine-grained mode; RT within 25 %, total R
 Table 1b: our LdWB beside the LdWB implied by UG1414's newer profile of the same network (Figure 34's Mem IO).
 Table 2: the fit of the DPU's global timing parameters (ddr_latency, conv_latency; never one parameter per layer) on
 that table: each grid point compiled for its timing and compared; the board profiles carry the fit (isa/boards.py).
-Table 3: PG338's fps table beside the fps of our compiled zoo models on the board's cores (sim/multicore.py).
+Table 3: PG338's fps table beside the fps of our compiled zoo models on the board (sim/multicore.py), out of sample.
+Table 4: the board model (host threads, DPU cores, shared DDR) fitted on the training families of the Vitis AI 2.5
+Model Zoo's single- and multi-thread fps (ZCU102, ZCU104, KV260) and scored on the held-out families
+(runtime/boardfit.py), with a plot of predicted against measured fps.
+Table 5: PG338's I/O bandwidth table (one core, average and peak MB/s) beside ours.
 
 Models are the zoo's float ONNX with deterministic random weights (timing does not depend on weights), quantized with
 4 random calibration images; nothing is downloaded.
@@ -27,10 +31,11 @@ from compile_helpers import quantized  # noqa: E402
 from opendpu.compiler.pipeline import compile as compile_graph  # noqa: E402
 from opendpu.isa.boards import BOARDS, get_board  # noqa: E402
 from opendpu.quant import zoo  # noqa: E402
+from opendpu.runtime import boardfit as bf  # noqa: E402
 from opendpu.runtime import calibration as cal  # noqa: E402
 from opendpu.runtime.costmodel import cycle_model  # noqa: E402
-from opendpu.runtime.profile import profile_graph  # noqa: E402
-from opendpu.sim.multicore import throughput  # noqa: E402
+from opendpu.runtime.profile import profile_graph, profile_summary  # noqa: E402
+from opendpu.runtime.sweep.cache import default_cache_dir  # noqa: E402
 
 
 GRID_DDR_LATENCY = (20, 30, 45, 60)
@@ -43,11 +48,112 @@ def compiled(name: str, target, size=None):
     return res.graph, time.perf_counter() - t0
 
 
+def _fmt_point(p: bf.Point, train: bool) -> str:
+    e = p.est
+    return (f"{p.topo.row:28s} {p.meas.board:7s} {'train' if train else 'held':5s} {e.dpu_ms:7.2f} "
+            f"{e.host_us / 1e3:6.2f} {p.meas.single:8.1f} {e.fps_single:8.1f} {100 * p.err_single:+6.1f}% "
+            f"{p.meas.multi:8.1f} {e.fps:8.1f} {100 * p.err_multi:+6.1f}% {e.bound:>4s}")
+
+
+def zoo25_table(t, cache: str, plot: str | None) -> dict:
+    """Table 4: the board model fitted on the training families of the Vitis AI 2.5 Model Zoo's fps tables and
+    scored on the held-out families."""
+    pts = bf.points(bf.load_table())
+    train = [p for p in pts if p.topo.family in bf.TRAIN_FAMILIES]
+    held = [p for p in pts if p.topo.family not in bf.TRAIN_FAMILIES]
+    print(f"\nTable 4: Vitis AI 2.5 Model Zoo fps (../shared/reference/model-zoo-2.5-fps.csv): {len(pts)} (model, "
+          f"board) points with a faithful topology ({len(bf.TOPOLOGIES)} rows x 3 boards); training families "
+          f"{', '.join(bf.TRAIN_FAMILIES)} ({len(train)} points), the other {len(held)} held out")
+    frames = bf.compile_frames([tp.zoo for tp in bf.TOPOLOGIES], t, cache, log=lambda m: print(m, flush=True))
+    t0 = time.perf_counter()
+    params = bf.fit(train, frames, t)
+    shipped = {k: getattr(t.timing, k) for k in params}
+    print(f"fit ({time.perf_counter() - t0:.0f} s): " + ", ".join(f"{k} {v}" for k, v in params.items()))
+    print("board profiles (isa/boards.py): " + ", ".join(f"{k} {v}" for k, v in shipped.items()))
+    bf.evaluate(pts, frames, t, shipped)
+    print(f"{'model':28s} {'board':7s} {'set':5s} {'DPU ms':>7s} {'host':>6s} {'st meas':>8s} {'st ours':>8s} "
+          f"{'error':>7s} {'mt meas':>8s} {'mt ours':>8s} {'error':>7s} bound")
+    for p in sorted(pts, key=lambda p: (p.topo.family not in bf.TRAIN_FAMILIES, p.topo.family, p.topo.row)):
+        print(_fmt_point(p, p in train))
+    s_train, s_held = bf.score(train), bf.score(held)
+    for name, sc in (("training", s_train), ("held out", s_held)):
+        n = sc["points"]
+        print(f"{name}: single-thread {sc['single_within_20']}/{n} within 20 %, {sc['single_within_10']}/{n} within "
+              f"10 % (worst {100 * sc['single_worst']:+.1f} %); multi-thread {sc['multi_within_20']}/{n} within 20 %, "
+              f"{sc['multi_within_10']}/{n} within 10 % (worst {100 * sc['multi_worst']:+.1f} %)")
+    one = [p for p in pts if p.meas.board == "kv260"]
+    ratio = sorted((p.est.dpu_ms * p.meas.multi / 1e3, p.topo.row) for p in one)
+    print("one core (kv260, multi-thread = DPU runs and overheads): ours / measured period, "
+          + ", ".join(f"{r}: {x:.2f}" for x, r in ratio))
+    if plot:
+        _plot(pts, train, plot)
+        print(f"wrote {plot}")
+    return {"fit": params, "boards": shipped, "train": s_train, "held": s_held,
+            "points": [{"model": p.topo.row, "zoo": p.topo.zoo, "family": p.topo.family, "board": p.meas.board,
+                        "train": p in train, "single": p.meas.single, "multi": p.meas.multi,
+                        "ours_single": p.est.fps_single, "ours_multi": p.est.fps, "bound": p.est.bound}
+                       for p in pts]}
+
+
+def _plot(pts, train, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    for ax, k in zip(axes, ("single", "multi")):
+        for sel, mk, lab in ((train, "o", "training"), ([p for p in pts if p not in train], "^", "held out")):
+            ax.scatter([getattr(p.meas, k) for p in sel],
+                       [p.est.fps_single if k == "single" else p.est.fps for p in sel], marker=mk, label=lab, s=18)
+        lo, hi = 10, 10000
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        for f in (0.8, 1.2):
+            ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured {k}-thread fps (Vitis AI 2.5 Model Zoo)")
+        ax.set_ylabel(f"opendpu {k}-thread fps")
+        ax.legend()
+    fig.suptitle("board model vs the 2.5 Model Zoo (ZCU102, ZCU104, KV260); dotted: ±20 %")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def io_table(t, cache: str) -> dict:
+    """Table 5: PG338's I/O bandwidth table (one core at full speed) beside ours."""
+    print("\nTable 5: DDR bandwidth of one core at full speed (MB/s = 10^6 bytes/s) against PG338's I/O table; ours: "
+          "average = DDR bytes / DPU time, peak = the largest rate over 1/128 of a frame (PG338 does not define its "
+          f"window); at {t.timing.clock_mhz:g} MHz")
+    print(f"{'PG338 model':16s} {'arch':6s} {'PG338 avg':>9s} {'ours':>7s} {'PG338 peak':>10s} {'ours':>7s}")
+    rows = []
+    for arch in ("B1152", "B4096"):
+        ta = get_board("zcu102").target(f"DPUCZDX8G_ISA1_{arch}").with_timing(cores=1)
+        specs = [z for z in cal.PG338_IO_ZOO.values() if z]
+        frames = bf.compile_frames(specs, ta, cache, log=lambda m: print(m, flush=True))
+        for pname, io in cal.PG338_IO.items():
+            z = cal.PG338_IO_ZOO[pname]
+            avg, peak = io[arch]
+            if z is None:
+                print(f"{pname:16s} {arch:6s} {avg:9.0f} {'-':>7s} {peak:10.0f} {'-':>7s}  (no faithful topology)")
+                continue
+            sch = [profile_summary(s, ta).schedule for s in frames[z].summaries]
+            oa, op = cal.io_bandwidth(sch, ta.timing.clock_mhz)
+            print(f"{pname:16s} {arch:6s} {avg:9.0f} {oa:7.0f} {peak:10.0f} {op:7.0f}  ({z[4:]}: "
+                  f"{100 * (oa / avg - 1):+.0f} % average)")
+            rows.append({"pg338": pname, "arch": arch, "zoo": z, "pg338_avg": avg, "pg338_peak": peak,
+                         "ours_avg": oa, "ours_peak": op})
+    return {"rows": rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--board", default="zcu102", choices=sorted(BOARDS), help="board profile (default %(default)s)")
     ap.add_argument("--no-grid", action="store_true", help="skip table 2 (32 compiles of ResNet-50, a few minutes)")
     ap.add_argument("--no-pg338", action="store_true", help="skip table 3")
+    ap.add_argument("--no-zoo25", action="store_true", help="skip tables 4 and 5 (about 20 compiles, cached)")
+    ap.add_argument("--cache", metavar="DIR", help="compile cache (default: the sweep's, ~/.cache/opendpu/sweep)")
+    ap.add_argument("--plot", metavar="OUT.png", default="build/calibration_fps.png",
+                    help="table 4's predicted against measured fps (default %(default)s)")
     ap.add_argument("--json", metavar="OUT.json", help="also write the figures as JSON")
     a = ap.parse_args()
     board = get_board(a.board)
@@ -107,43 +213,33 @@ def main() -> int:
         out["grid"] = grid
         out["fit"] = {"ddr_latency": best["ddr_latency"], "conv_latency": best["conv_latency"]}
 
+    cache = a.cache or default_cache_dir()
     if not a.no_pg338:
-        print(f"\nTable 3: PG338 fps vs ours on {board.name} ({board.cores} cores; sim/multicore.py: host overhead "
-              f"{t.timing.frame_overhead_us} us per DPU run, DDR {t.timing.ddr_efficiency_pct} % of "
-              f"{t.timing.board_ddr_mbps} MB/s)")
-        runs = []
-        for pname, (gops, fps) in cal.PG338_FPS.items():
-            entry = cal.PG338_ZOO[pname]
-            if entry is None:
-                runs.append((pname, gops, fps, None, None))
-                continue
-            zname, (h, w) = entry
-            gz, sec = (g, 0.0) if zname == "resnet50_caffe" else compiled(zname, t, h if h == w else (h, w))
-            print(f"  {zname} {h}x{w}: compiled in {sec:.1f} s", flush=True)
-            prof = profile_graph(gz, target=t)
-            runs.append((pname, gops, fps, zname, (prof.total_cycles, prof.ddr_bytes, len(prof.subgraphs),
-                                                   sum(sp.workload for sp in prof.subgraphs) / 1e9)))
-        measured = [(c[0], c[1], c[2], fps) for _, _, fps, z, c in runs if z]
-        fit_us, fit_pct = cal.fit_board(measured, t)
-        print(f"fitted host overhead per DPU run {fit_us} us and DDR efficiency {fit_pct} % (the board profile uses "
-              f"{t.timing.frame_overhead_us} us and {t.timing.ddr_efficiency_pct} %)")
-        print(f"{'PG338 model':16s} {'GOPs':>6s} {'fps':>6s} {'zoo model':15s} {'GOPs':>6s} {'DPU ms':>7s} "
-              f"{'MB/frame':>8s} {'fps, no host':>12s} {'fps ours':>8s} {'DDR-bound':>9s} {'error':>7s}")
+        print(f"\nTable 3: PG338 fps vs ours on {board.name} ({board.cores} cores; sim/multicore.py with the board "
+              f"profile fitted on the 2.5 tables below: PG338 is out of sample)")
+        print(f"{'PG338 model':16s} {'GOPs':>6s} {'fps':>6s} {'zoo model':22s} {'GOPs':>6s} {'DPU ms':>7s} "
+              f"{'MB/frame':>8s} {'fps ours':>8s} {'bound':>5s} {'error':>7s}")
+        specs = {p: (f"zoo:{z}" + ("" if hw == (zoo.DEFAULT_SIZE[z],) * 2 else f"@{hw[0]}x{hw[1]}"))
+                 for p, (z, hw) in ((p, e) for p, e in cal.PG338_ZOO.items() if e)}
+        frames = bf.compile_frames(specs.values(), t, cache, log=lambda m: print(m, flush=True))
         rows = []
-        for pname, gops, fps, zname, c in runs:
-            if zname is None:
-                print(f"{pname:16s} {gops:6.3g} {fps:6.0f} {'(not built)':15s}")
-                rows.append({"pg338": pname, "gops": gops, "pg338_fps": fps, "zoo": None})
+        for pname, (gops, fps) in cal.PG338_FPS.items():
+            if pname not in specs:
+                print(f"{pname:16s} {gops:6.3g} {fps:6.0f} {'(not built)':22s}")
                 continue
-            cyc, nbytes, nrun, zg = c
-            bare = throughput(cyc, nbytes, t.with_timing(frame_overhead_us=0), runs=nrun)
-            tp = throughput(cyc, nbytes, t, runs=nrun)
+            fr = frames[specs[pname]]
+            tp = bf.estimate(fr, t, board.name)
             err = 100.0 * (tp.fps / fps - 1)
-            print(f"{pname:16s} {gops:6.3g} {fps:6.0f} {zname:15s} {zg:6.3g} {cyc / (t.timing.clock_mhz * 1e3):7.3f} "
-                  f"{nbytes / 1e6:8.2f} {bare.fps:12.1f} {tp.fps:8.1f} {str(tp.ddr_bound):>9s} {err:+6.1f}%")
-            rows.append({"pg338": pname, "gops": gops, "pg338_fps": fps, "zoo": zname, "zoo_gops": zg,
-                         "fps_no_host": bare.fps, **tp.to_dict(), "error_pct": err})   # tp's "fps" is ours
-        out["pg338"] = {"fitted_overhead_us": fit_us, "fitted_ddr_efficiency_pct": fit_pct, "rows": rows}
+            print(f"{pname:16s} {gops:6.3g} {fps:6.0f} {specs[pname][4:]:22s} {fr.gops:6.3g} {tp.dpu_ms:7.3f} "
+                  f"{tp.ddr_bytes / 1e6:8.2f} {tp.fps:8.1f} {tp.bound:>5s} {err:+6.1f}%")
+            rows.append({"pg338": pname, "gops": gops, "pg338_fps": fps, "zoo": specs[pname], "zoo_gops": fr.gops,
+                         **tp.to_dict(), "error_pct": err})   # tp's "fps" is ours
+        print(f"within 20 %: {sum(abs(r['error_pct']) <= 20 for r in rows)}/{len(rows)}")
+        out["pg338"] = {"rows": rows}
+
+    if not a.no_zoo25:
+        out["zoo25"] = zoo25_table(t, cache, a.plot)
+        out["io"] = io_table(t, cache)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1, default=str)

@@ -1,8 +1,9 @@
 """Board profiles: the DPU configuration of a board's reference design (arch, cores, clock) and its DDR.
 
-`--board NAME` sets `Target.timing` clock_mhz, cores, board_ddr_mbps, ddr_efficiency_pct and frame_overhead_us, and
-the DPU timing calibrated on silicon: ddr_latency and conv_latency (fitted) and weight_load_lines (the wide weight
-path); docs/calibration.md gives the sources and the fits.
+`--board NAME` sets `Target.timing` clock_mhz, cores, board_ddr_mbps, ddr_efficiency_pct, frame_overhead_us, the host
+side (host_frame_us, host_us_per_mb, cpu_threads, cpu_mhz, host_load_pct), and the DPU timing calibrated on silicon:
+ddr_latency and conv_latency (fitted) and weight_load_lines (the wide weight path); docs/calibration.md gives the
+sources and the fits.
 A board names the arch preset of its reference design, the default array; its timing applies to any array (a B3136
 design on a KR260 is a real user's setup): `profile` and `run` give it to the program's own array, `sweep` to each
 point's (docs/decisions.md).
@@ -13,22 +14,24 @@ from dataclasses import dataclass
 
 from .target import Target, TargetError, get_target
 
-# Share of the board's peak DDR bandwidth that the DPU cores' streams achieve together (DDR4 controller,
-# refresh, read/write turnaround, the cores' requests interleaving) and the host time per DPU run on the boards'
-# Cortex-A53 (VART job submission, cache maintenance of the input and output buffers, completion interrupt):
-# fitted together on PG338's fps table (runtime/calibration.fit_board; docs/calibration.md).
-DDR_EFFICIENCY_PCT = 48
-FRAME_OVERHEAD_US = 1500
+# The board as a pipeline (sim/multicore.py), fitted on the Vitis AI 2.5 Model Zoo's single- and multi-thread fps
+# of the training families (runtime/boardfit.py; docs/calibration.md, 2026-11-28): the share of the board's peak DDR
+# bandwidth the cores' streams achieve together (controller, refresh, turnaround, interleaving), the time per DPU run
+# in which a core does not compute (job submission, cache maintenance of the run's buffers, completion interrupt),
+# and the CPU time of a frame with every thread busy in % of its single-thread host work and overheads.
+DDR_EFFICIENCY_PCT = 57
+FRAME_OVERHEAD_US = 90
+HOST_LOAD_PCT = 215
 # The DPU's own timing on silicon: DDR read latency and the CONV pipeline's fill and drain, fitted on UG1414's
 # vaitrace ResNet-50 table of a ZCU102 DPU (docs/calibration.md: the grid of benchmarks/bench_calibration.py), and
 # weight LOADs of two CONVW lines per cycle (UG1414's stage-5 rows need more than one). The same DPUCZDX8G IP and PS
 # DDR on every board, so one fit for all. Single-core rules the RTL implements from the Target.
 DPU_TIMING = {"ddr_latency": 30, "conv_latency": 128, "weight_load_lines": 2}
-# The host side (sim/multicore.py): work per frame on one Cortex-A53 thread (fixed, and per 10^6 bytes of the graph's
-# input and output tensors, at 1,200 MHz), on the boards' four A53 cores; fitted with the efficiency and the
-# per-run overhead on the Vitis AI 2.5 Model Zoo's fps tables (runtime/boardfit.py; docs/calibration.md).
-HOST_FRAME_US = 0
-HOST_US_PER_MB = 0
+# The host side (sim/multicore.py): work per frame on one Cortex-A53 thread, fixed and per 10^6 bytes of the graph's
+# input and output tensors, at 1,200 MHz, fitted on the one-core board's single- minus multi-thread period (the
+# host work in series), on the boards' four A53 cores.
+HOST_FRAME_US = 191
+HOST_US_PER_MB = 2355
 CPU_THREADS = 4
 
 
@@ -48,7 +51,7 @@ class Board:
         return {"clock_mhz": self.clock_mhz, "cores": self.cores, "board_ddr_mbps": self.ddr_mbps,
                 "ddr_efficiency_pct": DDR_EFFICIENCY_PCT, "frame_overhead_us": FRAME_OVERHEAD_US,
                 "host_frame_us": HOST_FRAME_US, "host_us_per_mb": HOST_US_PER_MB, "cpu_threads": CPU_THREADS,
-                "cpu_mhz": self.cpu_mhz, **DPU_TIMING}
+                "cpu_mhz": self.cpu_mhz, "host_load_pct": HOST_LOAD_PCT, **DPU_TIMING}
 
     def ships(self, t: Target) -> bool:
         """Is `t` the array of the board's reference design (same PP, ICP/OCP, ALU parallelism; other options of

@@ -5,9 +5,9 @@ StFM. `compare_resnet50` lines our profile of the zoo's Caffe ResNet-50 (`resnet
 with it row by row, `score` gives the acceptance figures and `best_overhead` fits the one per-row launch cost of
 vaitrace's fine-grained mode. UG1414's newer DPU Summary of the same network (Figure 34) gives each subgraph's Mem
 IO, which `fig34_io` splits into parameters and maps and `compare_fig34` checks our LdWB against.
-`PG338_FPS` / `PG338_ZOO` are PG338's fps table and our model for each row, and `fit_board` fits the host time per
-DPU run and the DDR efficiency of the multi-core model (sim/multicore.py) on
-it. benchmarks/bench_calibration.py prints all of it.
+`PG338_FPS` / `PG338_ZOO` are PG338's fps table and our model for each row (an out-of-sample check of the board
+model, sim/multicore.py, fitted on the Vitis AI 2.5 Model Zoo's tables by runtime/boardfit.py); `PG338_IO` its I/O
+bandwidth table, which `io_bandwidth` gives for our programs. benchmarks/bench_calibration.py prints all of it.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from opendpu.sim.multicore import throughput
 
 # UG1414 (v3.5) Figure 37, "vaitrace --txt" DPU Summary of ResNet-50: (SubGraph, WL GOP, RT ms, LdWB MB, LdFM MB,
 # StFM MB). "-0" there (a value in (0, 0.001)) is 0.0 here. MB is 2**20 bytes: res5a_branch2b's LdWB 2.250 is
@@ -408,16 +407,25 @@ PG338_ZOO: dict[str, tuple[str, tuple[int, int]] | None] = {
 }
 
 
-def fit_board(points: list[tuple[int, int, int, float]], target, step_us: int = 50, max_us: int = 5000,
-              pcts: range = range(30, 101)) -> tuple[int, int]:
-    """The host overhead per DPU run (a multiple of `step_us`) and the DDR efficiency (%, in `pcts`) whose fps
-    (sim/multicore.py on `target`'s board timing) are closest to the published fps over `points`, each (DPU cycles
-    per frame, DDR bytes per frame, DPU runs per frame, published fps): the smallest largest |ln(fps / published)|
-    (the acceptance is per model), ties broken by the smallest mean |ln|, then by the smaller overhead and the
-    higher efficiency."""
-    def key(us: int, pct: int) -> tuple[float, float, int, int]:
-        t = target.with_timing(frame_overhead_us=us, ddr_efficiency_pct=pct)
-        e = [abs(math.log(throughput(c, b, t, runs=r).fps / f)) for c, b, r, f in points]
-        return (round(max(e), 12), round(sum(e) / len(e), 12), us, -pct)
-    best = min(key(us, pct) for us in range(0, max_us + 1, step_us) for pct in pcts)
-    return best[2], -best[3]
+# PG338's I/O bandwidth table: one core at full speed, (average, peak) MB/s per model and architecture. PG338 does not
+# define the window of its peak; ours is the largest rate over 1/TRACE_BINS of a frame (docs/calibration.md).
+PG338_IO: dict[str, dict[str, tuple[float, float]]] = {
+    "Inception-v1": {"B1152": (890.0, 1704.0), "B4096": (2474.0, 4626.0)},
+    "ResNet50": {"B1152": (1017.0, 2052.0), "B4096": (3132.0, 5298.0)},
+    "SSD ADAS vehicle": {"B1152": (684.0, 1516.0), "B4096": (2049.0, 5724.0)},
+    "YOLO-V3-VOC": {"B1152": (986.0, 2076.0), "B4096": (3290.0, 6453.0)},
+}
+# Our topology for each row (None: no faithful topology; SSD ADAS vehicle is AMD's own detector). YOLO-V3-VOC: darknet
+# YOLOv3 with the 20-class head at 416x416 (PG338 gives no size; 416 is the VOC release's).
+PG338_IO_ZOO: dict[str, str | None] = {"Inception-v1": "zoo:inception_v1_caffe", "ResNet50": "zoo:resnet50_caffe",
+                                       "SSD ADAS vehicle": None, "YOLO-V3-VOC": "zoo:yolov3_voc"}
+
+
+def io_bandwidth(schedules, clock_mhz: float) -> tuple[float, float]:
+    """(average, peak) MB/s (10^6 bytes) of one core running `schedules` (one frame's DPU runs) back to back: all DDR
+    bytes over the DPU time, and the largest rate over a 1/TRACE_BINS slice of the frame (sim.multicore's trace)."""
+    from opendpu.sim.multicore import TRACE_BINS, demand_trace
+    sec = sum(s.total_cycles for s in schedules) / (clock_mhz * 1e6)
+    tr = demand_trace(schedules, clock_mhz)
+    total = float(sum(int(s.ddr_read.sum() + s.ddr_write.sum()) for s in schedules))
+    return total / sec / 1e6, float(tr.max()) / (sec / TRACE_BINS) / 1e6

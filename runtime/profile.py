@@ -737,6 +737,7 @@ def host_io_bytes(graph: Graph) -> int:
     return n
 
 
-__all__ = ["Profile", "SubgraphProfile", "host_io_bytes", "Layer", "profile_graph", "profile_subgraph", "ProgramSummary",
+__all__ = ["Profile", "SubgraphProfile", "host_io_bytes",
+           "Layer", "profile_graph", "profile_subgraph", "ProgramSummary",
            "summarize_subgraph", "profile_summary", "COLUMNS", "PLOT_FORMATS",
            "TOTAL_SUFFIX", "side_by_side", "format_side_by_side", "SIDE_COLUMNS"]

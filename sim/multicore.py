@@ -137,6 +137,8 @@ def shared_ddr_fps(trace: np.ndarray, frame_s: float, cores: int, bw_bytes_s: fl
     rate = trace / dt_bin                                     # bytes per second each bin asks for at full speed
     if cores * rate.max() <= bw_bytes_s:                      # never contended
         return cores / frame_s
+    if rate.min() == rate.max():                              # flat: every core slowed alike, the roofline exactly
+        return min(cores / frame_s, bw_bytes_s / float(trace.sum()))
     # per core: position (bin index over all frames) and the fraction of the current bin left
     pos = [(k * nb) // cores for k in range(cores)]
     left = [1.0] * cores

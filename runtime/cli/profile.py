@@ -98,9 +98,11 @@ def run(a) -> int:
         print("\n" + board.applied_to([sp.target for sp in prof.subgraphs]))
         tp = prof.throughput()
         tmg = prof.subgraphs[0].target.timing
-        print(f"board {a.board}: {tmg.cores} core(s) at {tmg.clock_mhz:g} MHz, host {tmg.frame_overhead_us} us per "
-              f"DPU run, DDR {tmg.board_ddr_mbps} MB/s x {tmg.ddr_efficiency_pct} %: {tp.fps:.1f} fps "
-              f"({'DDR-bound' if tp.ddr_bound else 'compute-bound'}; {tp.latency_ms:.3f} ms per frame per core, "
+        print(f"board {a.board}: {tmg.cores} core(s) at {tmg.clock_mhz:g} MHz, {tmg.frame_overhead_us} us per DPU "
+              f"run; host {tp.host_us:.0f} us per frame ({tp.io_bytes / 1e3:.1f} kB in and out) on {tmg.cpu_threads} "
+              f"thread(s) at {tmg.cpu_mhz} MHz; DDR {tmg.board_ddr_mbps} MB/s x {tmg.ddr_efficiency_pct} %")
+        print(f"board {a.board}: single-thread {tp.fps_single:.1f} fps ({tp.latency_ms:.3f} ms per frame: DPU "
+              f"{tp.dpu_ms:.3f} + host {tp.host_us / 1e3:.3f}); multi-thread {tp.fps:.1f} fps ({tp.bound}-bound; "
               f"{tp.ddr_bytes / 1e6:.2f} MB per frame, {tp.ddr_mbps:.0f} MB/s of DDR) [docs/calibration.md]")
     side = None
     if other is not None:

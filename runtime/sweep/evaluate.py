@@ -152,7 +152,8 @@ def measure(comp: CompiledModel, t: Target) -> tuple[dict, list[dict]]:
     rd = sum(s.ld_wb + s.ld_fm for s in subs)
     wr = sum(s.st_fm for s in subs)
     cap = t.num_banks * t.bank_depth
-    row = {"cycles": cycles, "latency_ms": ms, "fps": thr.fps, "ddr_bound": bool(thr.ddr_bound), "ops": ops,
+    row = {"cycles": cycles, "latency_ms": ms, "fps": thr.fps, "ddr_bound": bool(thr.ddr_bound),
+           "fps_single": thr.fps_single, "fps_bound": thr.bound, "ops": ops,
            "gops": ops / ms / 1e6 if ms else 0.0,
            "mac_util": ops / (cycles * t.peak_ops_per_cycle) if cycles else 0.0,
            "ddr_read_bytes": rd, "ddr_write_bytes": wr, "ddr_mbps": (rd + wr) * thr.fps / 1e6,

@@ -25,13 +25,14 @@ PARAMS = ARCH_PARAMS + TIMING_PARAMS
 RESOURCE_METRICS = ("dsp", "lut", "ff", "bram36")
 ROW_COLUMNS = ("model", "point", "hash", "status", "reason", "target", "preset", "board", "pp", "cp", "alu_pp",
                "bank_depth", "img_bg", "clock_mhz", "cores", "params", "cycles", "latency_ms", "fps", "ddr_bound",
-               "ops", "gops", "mac_util", "ddr_read_bytes", "ddr_write_bytes", "ddr_mbps", "onchip_bytes",
-               "onchip_pct", "bottleneck", "layers_conv", "layers_misc", "layers_load", "layers_save", "dsp", "lut",
-               "ff", "bram36", "instructions", "dpu_subgraphs", "cpu_ops", "compile_s", "eval_s", "compile_cached",
-               "meets_constraints")
-NUMERIC_METRICS = ("cycles", "latency_ms", "fps", "ops", "gops", "mac_util", "ddr_read_bytes", "ddr_write_bytes",
-                   "ddr_mbps", "onchip_bytes", "onchip_pct", "dsp", "lut", "ff", "bram36", "instructions",
-                   "dpu_subgraphs", "cpu_ops", "pp", "cp", "alu_pp", "bank_depth", "img_bg", "clock_mhz", "cores")
+               "fps_single", "fps_bound", "ops", "gops", "mac_util", "ddr_read_bytes", "ddr_write_bytes", "ddr_mbps",
+               "onchip_bytes", "onchip_pct", "bottleneck", "layers_conv", "layers_misc", "layers_load", "layers_save",
+               "dsp", "lut", "ff", "bram36", "instructions", "dpu_subgraphs", "cpu_ops", "compile_s", "eval_s",
+               "compile_cached", "meets_constraints")
+NUMERIC_METRICS = ("cycles", "latency_ms", "fps", "fps_single", "ops", "gops", "mac_util", "ddr_read_bytes",
+                   "ddr_write_bytes", "ddr_mbps", "onchip_bytes", "onchip_pct", "dsp", "lut", "ff", "bram36",
+                   "instructions", "dpu_subgraphs", "cpu_ops", "pp", "cp", "alu_pp", "bank_depth", "img_bg",
+                   "clock_mhz", "cores")
 SPACE_MODES = ("grid", "random", "list")
 MAX_POINTS = 1_000_000
 

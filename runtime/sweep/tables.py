@@ -19,13 +19,13 @@ import numpy as np
 # bram36 is a float: BRAM18 halves make it a multiple of 0.5.
 COLUMN_TYPES: dict[str, str] = {
     **{c: "string" for c in ("model", "point", "hash", "status", "reason", "target", "preset", "board", "params",
-                             "bottleneck")},
+                             "bottleneck", "fps_bound")},
     **{c: "int64" for c in ("pp", "cp", "alu_pp", "bank_depth", "img_bg", "cores", "cycles", "ops",
                             "ddr_read_bytes", "ddr_write_bytes", "onchip_bytes", "layers_conv", "layers_misc",
                             "layers_load", "layers_save", "dsp", "lut", "ff", "instructions", "dpu_subgraphs",
                             "cpu_ops")},
-    **{c: "float64" for c in ("clock_mhz", "latency_ms", "fps", "gops", "mac_util", "ddr_mbps", "onchip_pct",
-                              "bram36", "compile_s", "eval_s")},
+    **{c: "float64" for c in ("clock_mhz", "latency_ms", "fps", "fps_single", "gops", "mac_util", "ddr_mbps",
+                              "onchip_pct", "bram36", "compile_s", "eval_s")},
     **{c: "bool" for c in ("ddr_bound", "compile_cached", "meets_constraints")},
 }
 
