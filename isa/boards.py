@@ -22,10 +22,14 @@ from .target import Target, TargetError, get_target
 DDR_EFFICIENCY_PCT = 57
 FRAME_OVERHEAD_US = 90
 HOST_LOAD_PCT = 215
-# The DPU's own timing on silicon: DDR read latency and the CONV pipeline's fill and drain, fitted on UG1414's
-# vaitrace ResNet-50 table of a ZCU102 DPU (docs/calibration.md: the grid of benchmarks/bench_calibration.py), and
-# weight LOADs of two CONVW lines per cycle (UG1414's stage-5 rows need more than one). The same DPUCZDX8G IP and PS
-# DDR on every board, so one fit for all. Single-core rules the RTL implements from the Target.
+# The DPU's own timing on silicon. UG1414's vaitrace ResNet-50 table (Figure 37) profiles an older core, named
+# DPU020X8G in its rows, one job per layer: fitted there (docs/calibration.md, the grid of benchmarks/
+# bench_calibration.py), DDR read latency 30 cycles and a CONV pipeline fill and drain of 128, with weight LOADs of two
+# CONVW lines per cycle (its stage-5 rows need more than one). The boards' profiles are the Vitis AI 2.5 reference
+# designs: the same DDR latency and wide weight path, and the CONV fill and drain fitted on the 2.5 Model Zoo's fps
+# (runtime/boardfit.py, table 4 of the benchmark: one-core periods of the KV260 isolate the DPU). Single-core rules the
+# RTL implements from the Target.
+UG1414_DPU_TIMING = {"ddr_latency": 30, "conv_latency": 128, "weight_load_lines": 2}
 DPU_TIMING = {"ddr_latency": 30, "conv_latency": 128, "weight_load_lines": 2}
 # The host side (sim/multicore.py): work per frame on one Cortex-A53 thread, fixed and per 10^6 bytes of the graph's
 # input and output tensors, at 1,200 MHz, fitted on the one-core board's single- minus multi-thread period (the
