@@ -19,9 +19,9 @@ from .target import Target, TargetError, get_target
 # bandwidth the cores' streams achieve together (controller, refresh, turnaround, interleaving), the time per DPU run
 # in which a core does not compute (job submission, cache maintenance of the run's buffers, completion interrupt),
 # and the CPU time of a frame with every thread busy in % of its single-thread host work and overheads.
-DDR_EFFICIENCY_PCT = 57
-FRAME_OVERHEAD_US = 90
-HOST_LOAD_PCT = 215
+DDR_EFFICIENCY_PCT = 52
+FRAME_OVERHEAD_US = 170
+HOST_LOAD_PCT = 180
 # The DPU's own timing on silicon. UG1414's vaitrace ResNet-50 table (Figure 37) profiles an older core, named
 # DPU020X8G in its rows, one job per layer: fitted there (docs/calibration.md, the grid of benchmarks/
 # bench_calibration.py), DDR read latency 30 cycles and a CONV pipeline fill and drain of 128, with weight LOADs of two
@@ -30,12 +30,12 @@ HOST_LOAD_PCT = 215
 # (runtime/boardfit.py, table 4 of the benchmark: one-core periods of the KV260 isolate the DPU). Single-core rules the
 # RTL implements from the Target.
 UG1414_DPU_TIMING = {"ddr_latency": 30, "conv_latency": 128, "weight_load_lines": 2}
-DPU_TIMING = {"ddr_latency": 30, "conv_latency": 128, "weight_load_lines": 2}
+DPU_TIMING = {"ddr_latency": 30, "conv_latency": 16, "weight_load_lines": 2}
 # The host side (sim/multicore.py): work per frame on one Cortex-A53 thread, fixed and per 10^6 bytes of the graph's
 # input and output tensors, at 1,200 MHz, fitted on the one-core board's single- minus multi-thread period (the
 # host work in series), on the boards' four A53 cores.
-HOST_FRAME_US = 191
-HOST_US_PER_MB = 2355
+HOST_FRAME_US = 178
+HOST_US_PER_MB = 2393
 CPU_THREADS = 4
 
 

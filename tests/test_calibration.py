@@ -153,7 +153,12 @@ def test_boards():
     # a board gives its timing to any array (the rule of `sweep`): a B512 on a ZCU102 keeps its array
     t = get_board("zcu102").target("DPUCZDX8G_ISA1_B512")
     assert (t.name, t.pp, t.cp, t.timing.cores, t.timing.clock_mhz) == ("DPUCZDX8G_ISA1_B512", 4, 8, 3, 281.0)
-    assert (t.timing.ddr_latency, t.timing.conv_latency, t.timing.weight_load_lines) == (30, 128, 2)
+    assert (t.timing.ddr_latency, t.timing.conv_latency, t.timing.weight_load_lines) == (30, 16, 2)
+    # the host side: four A53 threads, at 1,200 MHz on the ZCU102 / ZCU104 and 1,333 MHz on the K26 SOM boards
+    assert (t.timing.cpu_threads, t.timing.cpu_mhz, get_board("kv260").target().timing.cpu_mhz) == (4, 1200, 1333)
+    # UG1414's Figure 37 is an older core: its timing is kept apart (a CONV pipeline fill and drain of 128)
+    from opendpu.isa.boards import UG1414_DPU_TIMING
+    assert UG1414_DPU_TIMING == {"ddr_latency": 30, "conv_latency": 128, "weight_load_lines": 2}
     z = get_board("zcu102")
     assert not z.ships(get_target("DPUCZDX8G_ISA1_B512")) and z.ships(get_target("DPUCZDX8G_ISA1_B4096"))
     assert z.applied_to([get_target("DPUCZDX8G_ISA1_B512")]) == (
@@ -383,3 +388,21 @@ def test_pipeline_single_and_multi_thread_by_hand():
         pytest.approx(4 / 1.2e-3)
     # single-thread fps does not depend on the cores
     assert small.fps_single == pytest.approx(throughput(90_000, 1000, t, io_bytes=150_000).fps_single)
+
+
+def test_profile_board_kv260_on_amd_yolox_nano_b512(capsys):
+    """`opendpu profile --board kv260` of AMD's B512 YOLOX-nano program (the board ships B4096): the board's single-
+    and multi-thread fps for the program's own array, as computed by hand from the board's constants."""
+    from conftest import model_path
+
+    from opendpu.compiler.xir.graph import Graph
+    from opendpu.isa.boards import DPU_TIMING
+    from opendpu.runtime.profile import host_io_bytes, profile_graph
+    path = model_path("yolox_nano_b512")
+    g = Graph.load(path)
+    prof = profile_graph(g, timing={"clock_mhz": 300.0, **DPU_TIMING})
+    st, mt = _board_fps_by_hand(prof.total_cycles, len(prof.subgraphs), host_io_bytes(g), BOARDS["kv260"])
+    assert _cli()(["profile", path, "--board", "kv260"]) == 0
+    out = capsys.readouterr().out
+    assert "(the board ships DPUCZDX8G_ISA1_B4096)" in out
+    assert f"single-thread {st:.1f} fps" in out and f"multi-thread {mt:.1f} fps (dpu-bound" in out, out[-400:]

@@ -20,8 +20,9 @@ def _out_shapes(name, size):
         return [(1, 255, size // 32, size // 32), (1, 255, size // 16, size // 16)]
     if name in ("tiny_yolo_v2", "yolov2"):
         return [(1, 125, size // 32, size // 32)]
-    if name == "yolov3":
-        return [(1, 255, size // d, size // d) for d in (32, 16, 8)]
+    if name in ("yolov3", "yolov3_voc"):
+        c = 255 if name == "yolov3" else 75
+        return [(1, c, size // d, size // d) for d in (32, 16, 8)]
     return [(1, 1000)]
 
 
@@ -43,7 +44,8 @@ def test_default_size_valid_and_matches_published(name):
     assert [i.name for i in m.graph.input] == ["input"]
     assert [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [1, 3, size, size]
     assert [o.name for o in m.graph.output] == {"tiny_yolo": ["output0", "output1"],
-                                                "yolov3": ["output0", "output1", "output2"]}.get(name, ["output"])
+                                                "yolov3": ["output0", "output1", "output2"],
+                                                "yolov3_voc": ["output0", "output1", "output2"]}.get(name, ["output"])
     assert [tuple(d.dim_value for d in o.type.tensor_type.shape.dim) for o in m.graph.output] == \
         _out_shapes(name, size)
     names = [n.name for n in m.graph.node]
@@ -83,7 +85,7 @@ def test_structure():
                 conv = producer[nd.input[0]]
                 assert conv.op_type == "Conv" and len(conv.input) == 2, nd.name
                 assert all(i in inits for i in nd.input[1:])
-        assert ("BatchNormalization" in ops) == (n not in ("squeezenet", "inception_v1_caffe"))
+        assert ("BatchNormalization" in ops) == (n not in ("squeezenet", "inception_v1_caffe", "vgg16", "vgg19"))
     assert _ops(m["resnet18"]).count("Add") == 8 and _ops(m["resnet50"]).count("Add") == 16
     assert sum(nd.name.endswith("downsample.0") for nd in m["resnet50"].graph.node) == 4
     # Caffe ResNet-50: the stride sits on the 1x1 branch2a / branch1 of res3a, res4a, res5a, never on a 3x3
@@ -107,6 +109,21 @@ def test_structure():
               for vi in onnx.shape_inference.infer_shapes(y2).graph.value_info}
     assert shapes["layer16.leaky"] == [1, 512, 4, 4] and shapes[s2d.output[0]] == [1, 2048, 2, 2]
     assert shapes[cat.output[0]] == [1, 3072, 2, 2]
+    # TF-slim resnet_v1: the stride on the 3x3 of each block's last unit (blocks 1-3), that unit's shortcut a 1x1
+    # stride-2 subsample; 16 / 33 / 50 residual adds
+    def _strided(model):
+        return sorted(nd.name for nd in model.graph.node if nd.op_type in ("Conv", "MaxPool") and
+                      helper.get_attribute_value(next(a for a in nd.attribute if a.name == "strides")) == [2, 2])
+    assert _strided(m["resnet50_tf"]) == sorted(["conv1.conv", "pool1"] + [
+        f"block{b}.unit_{u}.{k}" for b, u in ((1, 3), (2, 4), (3, 6)) for k in ("conv2.conv", "shortcut")])
+    assert [_ops(m[n]).count("Add") for n in ("resnet50_tf", "resnet101_tf", "resnet152_tf")] == [16, 33, 50]
+    for n, convs in (("vgg16", 13), ("vgg19", 16)):
+        assert _ops(m[n]).count("Conv") == convs and _ops(m[n]).count("Gemm") == 3 and _ops(m[n]).count("MaxPool") == 5
+    # width multipliers: MobileNet v1 0.25 starts at 8 channels, v2 1.4 at 48 and ends at 1792
+    first = {n: next(t for t in m[n].graph.initializer if t.name == "features.0.conv.weight").dims[0]
+             for n in ("mobilenet_v1_025", "mobilenet_v1_050", "mobilenet_v2_140")}
+    assert first == {"mobilenet_v1_025": 8, "mobilenet_v1_050": 16, "mobilenet_v2_140": 48}
+    assert next(t for t in m["mobilenet_v2_140"].graph.initializer if t.name == "fc.weight").dims[1] == 1792
     dw = [nd for nd in m["mobilenet_v1"].graph.node if nd.op_type == "Conv"
           and helper.get_attribute_value(next(a for a in nd.attribute if a.name == "group")) > 1]
     assert len(dw) == 13
@@ -181,7 +198,7 @@ def test_determinism_and_seed():
 
 def test_unknown_name_and_summary():
     with pytest.raises(ValueError, match="resnet18.*tiny_yolo"):
-        zoo.build("vgg16")
+        zoo.build("vgg11")
     rows = zoo.summary(["squeezenet", "mobilenet_v2"], 64)
     assert [r["name"] for r in rows] == ["squeezenet", "mobilenet_v2"]
     assert rows[0]["input"] == "1x3x64x64"
