@@ -138,8 +138,13 @@ def io_table(t, cache: str) -> dict:
                 continue
             sch = [profile_summary(s, ta).schedule for s in frames[z].summaries]
             oa, op = cal.io_bandwidth(sch, ta.timing.clock_mhz)
+            nbytes = sum(int(s.ddr_read.sum() + s.ddr_write.sum()) for s in sch)
+            at = ""
+            if arch == "B4096" and pname in cal.PG338_FPS:      # our bytes at PG338's own frame rate per core
+                at = f"; our bytes at PG338's {cal.PG338_FPS[pname][1]:g} fps / 3 cores: " \
+                     f"{nbytes * cal.PG338_FPS[pname][1] / 3 / 1e6:.0f}"
             print(f"{pname:16s} {arch:6s} {avg:9.0f} {oa:7.0f} {peak:10.0f} {op:7.0f}  ({z[4:]}: "
-                  f"{100 * (oa / avg - 1):+.0f} % average)")
+                  f"{100 * (oa / avg - 1):+.0f} % average, {nbytes / 1e6:.2f} MB per frame{at})")
             rows.append({"pg338": pname, "arch": arch, "zoo": z, "pg338_avg": avg, "pg338_peak": peak,
                          "ours_avg": oa, "ours_peak": op})
     return {"rows": rows}
@@ -231,7 +236,7 @@ def main() -> int:
                 print(f"{pname:16s} {gops:6.3g} {fps:6.0f} {'(not built)':22s}")
                 continue
             fr = frames[specs[pname]]
-            tp = bf.estimate(fr, t, board.name)
+            tp = bf.estimate(fr, t)
             err = 100.0 * (tp.fps / fps - 1)
             print(f"{pname:16s} {gops:6.3g} {fps:6.0f} {specs[pname][4:]:22s} {fr.gops:6.3g} {tp.dpu_ms:7.3f} "
                   f"{tp.ddr_bytes / 1e6:8.2f} {tp.fps:8.1f} {tp.bound:>5s} {err:+6.1f}%")

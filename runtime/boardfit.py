@@ -131,7 +131,7 @@ def board_target(board: Board, base: Target, **params) -> Target:
     return board.target(base).with_timing(**params)
 
 
-def estimate(frame: Frame, t: Target, board_name: str) -> Throughput:
+def estimate(frame: Frame, t: Target) -> Throughput:
     """The board estimate of one frame of `frame` on `t` (a board's timing); schedules are cached per cycle-model
     timing."""
     from opendpu.runtime.profile import profile_summary
@@ -172,13 +172,13 @@ def points(table: list[Measured]) -> list[Point]:
 def evaluate(pts: list[Point], frames: dict[str, Frame], base: Target, params: dict) -> list[Point]:
     for p in pts:
         t = board_target(BOARDS[p.meas.board], base, **params)
-        p.est = estimate(frames[p.topo.zoo], t, p.meas.board)
+        p.est = estimate(frames[p.topo.zoo], t)
     return pts
 
 
 def score(pts: list[Point]) -> dict:
     """Share of points within 10 % and 20 %, single and multi-thread, and the mean |ln(ours / measured)|."""
-    out = {"points": len(pts)}
+    out: dict[str, float] = {"points": len(pts)}
     for k in ("single", "multi"):
         e = np.array([getattr(p, f"err_{k}") for p in pts])
         out[f"{k}_within_10"] = int((np.abs(e) <= 0.10).sum())
@@ -193,8 +193,6 @@ def fit_host(pts: list[Point], frames: dict[str, Frame]) -> dict:
     the multi-thread period is the core's (DPU runs and their overheads: the host work overlaps it), and one frame
     alone pays the host work on top, so host = 1 / single - 1 / multi. Least squares on the relative error
     (non-negative), at the reference CPU clock."""
-    from scipy.optimize import nnls
-
     from opendpu.sim.multicore import HOST_REF_MHZ
     rows, rhs = [], []
     for p in pts:
@@ -209,8 +207,26 @@ def fit_host(pts: list[Point], frames: dict[str, Frame]) -> dict:
         rhs.append(1.0)
     if not rows:
         return {"host_frame_us": 0, "host_us_per_mb": 0}
-    x, _ = nnls(np.array(rows), np.array(rhs))
+    x = _nnls(np.array(rows), np.array(rhs))
     return {"host_frame_us": int(round(x[0])), "host_us_per_mb": int(round(x[1]))}
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares a @ x = b with x >= 0, by trying every set of free variables (a handful of columns here) and
+    keeping the best feasible solution."""
+    n = a.shape[1]
+    best, best_x = math.inf, np.zeros(n)
+    for mask in range(1, 1 << n):
+        cols = [j for j in range(n) if mask >> j & 1]
+        xs = np.linalg.lstsq(a[:, cols], b, rcond=None)[0]
+        if (xs < 0).any():
+            continue
+        x = np.zeros(n)
+        x[cols] = xs
+        r = float(np.sum((a @ x - b) ** 2))
+        if r < best:
+            best, best_x = r, x
+    return best_x
 
 
 # conv_latency from 16 up: the RTL's CONV pipeline needs at least 11 cycles on a PP-8 array (hw/params.py
@@ -219,13 +235,12 @@ FIT_GRID = {"conv_latency": (16, 24, 32, 48, 64, 96, 128), "frame_overhead_us": 
             "ddr_efficiency_pct": range(20, 101, 1), "host_load_pct": range(100, 401, 5)}
 
 
-def mean_abs_ln(pts: list[Point], which: str = "both") -> float:
+def mean_abs_ln(pts: list[Point]) -> float:
+    """Mean |ln(ours / measured)| over the single- and multi-thread fps of evaluated points."""
     e = []
     for p in pts:
-        if which in ("both", "multi"):
-            e.append(abs(math.log(p.est.fps / p.meas.multi)))
-        if which in ("both", "single"):
-            e.append(abs(math.log(p.est.fps_single / p.meas.single)))
+        assert p.est is not None, "evaluate() first"
+        e += [abs(math.log(p.est.fps / p.meas.multi)), abs(math.log(p.est.fps_single / p.meas.single))]
     return float(np.mean(e))
 
 
@@ -239,11 +254,11 @@ def fit_rest(pts: list[Point], frames: dict[str, Frame], base: Target, params: d
     for _ in range(rounds):
         before = dict(cur)
         for k, grid in FIT_GRID.items():
-            best = None
+            best: tuple[float, int] = (math.inf, cur[k])
             for v in grid:
                 evaluate(pts, frames, base, {**cur, k: v})
                 m = mean_abs_ln(pts)
-                if best is None or m < best[0] - 1e-12:
+                if m < best[0] - 1e-12:
                     best = (m, v)
             cur[k] = best[1]
         if cur == before:

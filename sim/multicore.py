@@ -147,10 +147,10 @@ def shared_ddr_fps(trace: np.ndarray, frame_s: float, cores: int, bw_bytes_s: fl
     def progress() -> float:                                  # frames done by all cores together (fractional)
         return sum(pos[i] - start[i] + 1.0 - left[i] for i in range(cores)) / nb
 
-    t, t0, p0 = 0.0, None, 0.0
+    t, t0, p0 = 0.0, -1.0, 0.0                               # t0 < 0: not measuring yet
     while True:
         done = min(pos[i] - start[i] for i in range(cores)) // nb
-        if t0 is None and done >= 1:                          # every core past its first frame: measure from here
+        if t0 < 0 and done >= 1:                          # every core past its first frame: measure from here
             t0, p0 = t, progress()
         if done >= frames:
             break
