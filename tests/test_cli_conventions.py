@@ -189,7 +189,7 @@ def test_zoo_knows_the_sweeps_names(capsys, tmp_path):
         parse_model("zoo:resnet18@12")
     assert main(["zoo", "resnet18@12"]) == 2
     assert str(e.value) in capsys.readouterr().err
-    assert main(["zoo", "vgg16"]) == 2 and "unknown zoo model 'vgg16'" in capsys.readouterr().err
+    assert main(["zoo", "vgg11"]) == 2 and "unknown zoo model 'vgg11'" in capsys.readouterr().err
 
 
 def test_one_engine_colour_map_for_every_figure(tmp_path):
