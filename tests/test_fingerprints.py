@@ -8,9 +8,10 @@ a quantizer change) re-records them, in its own commit, with
 
     .venv/bin/python tests/test_fingerprints.py --update
 
-which prints every entry that changed (`--add-missing` records only the pairs of a newly added model). Each entry also records the programs' instruction count, so a change can be
-judged. The default suite checks one preset per model (cycling through the presets, so every preset appears), except
-YOLOv2 and YOLOv3, whose quantization alone takes half a minute; `-m slow` checks the whole matrix.
+which prints every entry that changed (`--add-missing` records only the pairs of a newly added model). Each entry
+also records the programs' instruction count, so a change can be judged. The default suite checks one preset per
+model (cycling through the presets, so every preset appears), except YOLOv2 and the two YOLOv3 heads, whose
+quantization alone takes half a minute; `-m slow` checks the whole matrix.
 """
 from __future__ import annotations
 
