@@ -114,9 +114,12 @@ def demand_trace(schedules, clock_mhz: float, overhead_us: float = 0.0, bins: in
         m = b > 0
         st = s.start[m].astype(np.float64) + t0
         en = np.maximum(s.end[m].astype(np.float64) + t0, st + 1.0)
-        # the share of [st, en) in each bin: cumulative coverage of the interval at every edge, differenced
-        cov = np.clip((edges[None, :] - st[:, None]) / (en - st)[:, None], 0.0, 1.0)
-        out += (b[m, None] * np.diff(cov, axis=1)).sum(axis=0)
+        bm = b[m]
+        for c in range(0, len(st), 8192):                   # in chunks: [instructions, bins] stays a few MB
+            sl = slice(c, c + 8192)
+            # the share of [st, en) in each bin: cumulative coverage of the interval at every edge, differenced
+            cov = np.clip((edges[None, :] - st[sl, None]) / (en[sl] - st[sl])[:, None], 0.0, 1.0)
+            out += (bm[sl, None] * np.diff(cov, axis=1)).sum(axis=0)
         t0 += span
     return out
 

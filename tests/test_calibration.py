@@ -406,3 +406,18 @@ def test_profile_board_kv260_on_amd_yolox_nano_b512(capsys):
     out = capsys.readouterr().out
     assert "(the board ships DPUCZDX8G_ISA1_B4096)" in out
     assert f"single-thread {st:.1f} fps" in out and f"multi-thread {mt:.1f} fps (dpu-bound" in out, out[-400:]
+
+
+def test_demand_trace_by_hand():
+    """A run of 100 cycles with 100 bytes over [0, 50) and 300 over [50, 100) (and an instruction without DDR
+    traffic): four bins of 25 cycles get 50, 50, 150, 150; with 100 us of overhead at 1 MHz after the run (100
+    cycles without traffic) four bins of 50 get 100, 300, 0, 0."""
+    from types import SimpleNamespace
+
+    from opendpu.sim.multicore import demand_trace
+    s = SimpleNamespace(total_cycles=100, ddr_read=np.array([100, 0, 200]), ddr_write=np.array([0, 0, 100]),
+                        start=np.array([0, 10, 50]), end=np.array([50, 20, 100]))
+    assert demand_trace([s], 1.0, 0.0, bins=4).tolist() == [50.0, 50.0, 150.0, 150.0]
+    assert demand_trace([s], 1.0, 100.0, bins=4).tolist() == [100.0, 300.0, 0.0, 0.0]
+    # two runs in a frame follow each other: the second's traffic lands in the second half
+    assert demand_trace([s, s], 1.0, 0.0, bins=2).tolist() == [400.0, 400.0]
