@@ -11,18 +11,20 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from opendpu.quant.onnx_in import QuantError
+from opendpu.quant.zoo_more import (_VGG16, _VGG19, _inception_v3, _mobilenet_v1_width, _mobilenet_v2_width,
+                                    _resnet_tf, _vgg)
 
 OPSET = 17
 NAMES = ("resnet18", "resnet50", "resnet50_caffe", "mobilenet_v1", "mobilenet_v2", "squeezenet", "inception_v1",
          "inception_v1_caffe", "tiny_yolo", "tiny_yolo_v2", "yolov2", "yolov3",
          # the board-throughput tables' topologies (issue 33, docs/calibration.md)
          "resnet50_tf", "resnet101_tf", "resnet152_tf", "vgg16", "vgg19", "mobilenet_v1_050", "mobilenet_v1_025",
-         "mobilenet_v2_140", "yolov3_voc")
+         "mobilenet_v2_140", "yolov3_voc", "inception_v3")
 DEFAULT_SIZE = {"resnet18": 224, "resnet50": 224, "resnet50_caffe": 224, "mobilenet_v1": 224, "mobilenet_v2": 224,
                 "squeezenet": 224, "inception_v1": 224, "inception_v1_caffe": 224, "tiny_yolo": 416,
                 "tiny_yolo_v2": 416, "yolov2": 416, "yolov3": 416, "resnet50_tf": 224, "resnet101_tf": 224,
                 "resnet152_tf": 224, "vgg16": 224, "vgg19": 224, "mobilenet_v1_050": 160, "mobilenet_v1_025": 128,
-                "mobilenet_v2_140": 224, "yolov3_voc": 416}
+                "mobilenet_v2_140": 224, "yolov3_voc": 416, "inception_v3": 299}
 DIGITS_ONNX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", "digits_cnn.onnx")
 
 # Published compute and size of each model at its default input size. "macs" are multiply-accumulates
@@ -112,6 +114,11 @@ PUBLISHED: dict[str, dict] = {
                    "source": "darknet yolov3-voc.cfg: yolov3 with the 20-class VOC head (3 x 25 outputs per cell); "
                              "the 2.5 zoo's tf_yolov3_voc is 65.63 GOPs",
                    "vitis_ai": "tf_yolov3_voc_416_416_65.63G"},
+    "inception_v3": {"macs": 5_713_000_000, "params": 23_834_568,
+                     "source": "torchvision Inception_V3_Weights.IMAGENET1K_V1: 5.71 GMACs at 299; 27,161,264 "
+                               "parameters less its auxiliary classifier's 3,326,696 (1x1 768->128 + BN, 5x5 128->768 "
+                               "+ BN, fc 768->1000), which is left out here",
+                     "vitis_ai": "tf_inceptionv3_imagenet_299_299_11.45G"},
 }
 for _p in PUBLISHED.values():
     _p["gops"] = 2 * _p["macs"] / 1e9
@@ -153,14 +160,17 @@ class _Builder:
         return out
 
     def conv(self, x, cin, cout, k, name, stride=1, pad=0, group=1, bias=False, gain=2.0, output=None):
-        fan_in = cin // group * k * k
-        w = self.rng.standard_normal((cout, cin // group, k, k))
+        """k: a size or (kh, kw); pad: one for every side or (ph, pw)."""
+        kh, kw = (k, k) if isinstance(k, int) else k
+        ph, pw = (pad, pad) if isinstance(pad, int) else pad
+        fan_in = cin // group * kh * kw
+        w = self.rng.standard_normal((cout, cin // group, kh, kw))
         w *= math.sqrt(gain / fan_in)               # in place: the same values without a second float64 copy
         ins = [x, self.init(name + ".weight", w)]
         if bias:
             ins.append(self.init(name + ".bias", self.rng.uniform(-0.1, 0.1, cout)))
-        return self.node("Conv", ins, name, output, kernel_shape=[k, k], strides=[stride, stride],
-                         pads=[pad] * 4, group=group, dilations=[1, 1])
+        return self.node("Conv", ins, name, output, kernel_shape=[kh, kw], strides=[stride, stride],
+                         pads=[ph, pw, ph, pw], group=group, dilations=[1, 1])
 
     def bn(self, x, c, name, gamma=(0.5, 1.5), eps=1e-5):
         g = self.init(name + ".weight", self.rng.uniform(gamma[0], gamma[1], c))
@@ -297,103 +307,6 @@ def _mobilenet_v2(b: _Builder, x: str):
             cin, i = c, i + 1
     x = b.conv_bn(x, cin, 1280, 1, f"features.{i}", act="relu6", gain=1.0)
     return b.head(x, 1280, dropout=0.2)
-
-
-def _mobilenet_v1_width(b: _Builder, x: str, alpha: float):
-    """MobileNet v1 at width multiplier alpha (Howard et al. 2017 §3.3; TF-slim's depth(d) = max(int(d * alpha), 8))."""
-    d = lambda c: max(int(c * alpha), 8)  # noqa: E731
-    x = b.conv_bn(x, 3, d(32), 3, "features.0", stride=2, gain=1.0)
-    cfg = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2)] + [(512, 1)] * 5 + [(1024, 2), (1024, 1)]
-    cin = d(32)
-    for i, (cout, s) in enumerate(cfg, 1):
-        x = b.conv_bn(x, cin, cin, 3, f"features.{i}.dw", stride=s, group=cin)
-        x = b.conv_bn(x, cin, d(cout), 1, f"features.{i}.pw")
-        cin = d(cout)
-    return b.head(x, cin)
-
-
-def _divisible(v: float, d: int = 8) -> int:
-    """torchvision's _make_divisible: v rounded to a multiple of d, never below 90 % of v."""
-    n = max(d, int(v + d / 2) // d * d)
-    return n + d if n < 0.9 * v else n
-
-
-def _mobilenet_v2_width(b: _Builder, x: str, alpha: float):
-    """MobileNet v2 at width multiplier alpha (Sandler et al. 2018; torchvision's rounding; the last 1x1 is 1280 *
-    alpha when alpha > 1)."""
-    c0 = _divisible(32 * alpha)
-    x = b.conv_bn(x, 3, c0, 3, "features.0", act="relu6", stride=2, gain=1.0)
-    settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
-                (6, 320, 1, 1)]
-    cin, i = c0, 1
-    for t, c, n, s in settings:
-        c = _divisible(c * alpha)
-        for j in range(n):
-            stride, p, hid = (s if j == 0 else 1), f"features.{i}", cin * t
-            res = stride == 1 and cin == c
-            y = x
-            if t != 1:
-                y = b.conv_bn(y, cin, hid, 1, p + ".expand", act="relu6", gain=1.0)
-            y = b.conv_bn(y, hid, hid, 3, p + ".dw", act="relu6", stride=stride, group=hid)
-            y = b.conv_bn(y, hid, c, 1, p + ".project", act=None, gamma=(0.2, 0.5) if res else (0.5, 1.5))
-            x = b.node("Add", [x, y], p + ".add") if res else y
-            cin, i = c, i + 1
-    last = _divisible(1280 * alpha) if alpha > 1.0 else 1280
-    x = b.conv_bn(x, cin, last, 1, f"features.{i}", act="relu6", gain=1.0)
-    return b.head(x, last, dropout=0.2)
-
-
-def _resnet_tf(b: _Builder, x: str, layers: tuple[int, ...]) -> str:
-    """TF-slim resnet_v1 (research/slim/nets/resnet_v1.py, the tf_resnetv1_* of Vitis AI's zoo): bottleneck units
-    whose stride sits on the 3x3 of each block's *last* unit (blocks 1-3; block 4 keeps its resolution), that unit's
-    shortcut a 1x1 subsample (a stride-2 pick, here a 1x1 max pool) where the depth does not change, else a strided
-    1x1 conv; 'SAME' padding: the 7x7/2 conv pads 3, the stride-2 3x3s pad 1, the 3x3/2 max pool pads the bottom
-    and right by 1."""
-    x = b.conv_bn(x, 3, 64, 7, "conv1", stride=2, pad=3, gain=1.0)
-    x = b.maxpool(x, "pool1", 3, 2, (0, 0, 1, 1))
-    cin, res_gamma = 64, (0.2, 0.5)
-    for blk, (n, width) in enumerate(zip(layers, (64, 128, 256, 512)), 1):
-        for u in range(n):
-            p, s, cout = f"block{blk}.unit_{u + 1}", (2 if blk < 4 and u == n - 1 else 1), width * 4
-            y = b.conv_bn(x, cin, width, 1, p + ".conv1")
-            y = b.conv_bn(y, width, width, 3, p + ".conv2", stride=s)
-            y = b.conv_bn(y, width, cout, 1, p + ".conv3", act=None, gamma=res_gamma)
-            if cin != cout:
-                x = b.conv_bn(x, cin, cout, 1, p + ".shortcut", act=None, stride=s)
-            elif s != 1:
-                x = b.maxpool(x, p + ".shortcut", 1, s)
-            x = b.relu(b.node("Add", [x, y], p + ".add"), p + ".relu")
-            cin = cout
-    return b.head(x, cin)
-
-
-def _vgg(b: _Builder, x: str, cfg: tuple) -> str:
-    """torchvision VGG (Simonyan & Zisserman 2014, configurations D and E): 3x3 conv + bias + ReLU, 2x2 max pools,
-    and the three fully connected layers (the 7x7 adaptive pool is the identity at 224; at other sizes the first FC
-    takes the map as it is)."""
-    cin, i = 3, 0
-    for v in cfg:
-        if v == "M":
-            x = b.maxpool(x, f"features.{i}", 2, 2)
-            i += 1
-        else:
-            x = b.relu(b.conv(x, cin, v, 3, f"features.{i}", pad=1, bias=True, gain=1.0 if i == 0 else 2.0),
-                       f"features.{i + 1}")
-            cin, i = v, i + 2
-    x = b.node("Flatten", [x], "flatten", axis=1)
-    h, w = b.input_hw
-    nin = cin * (h // 32) * (w // 32)
-    for j, (fi, fo) in enumerate(((nin, 4096), (4096, 4096), (4096, 1000))):
-        wt = b.init(f"classifier.{3 * j}.weight", b.rng.standard_normal((fo, fi)) * math.sqrt(2.0 / fi))
-        bs = b.init(f"classifier.{3 * j}.bias", b.rng.uniform(-0.1, 0.1, fo))
-        x = b.node("Gemm", [x, wt, bs], f"classifier.{3 * j}", "output" if j == 2 else None, transB=1)
-        if j < 2:
-            x = b.dropout(b.relu(x, f"classifier.{3 * j + 1}"), f"classifier.{3 * j + 2}", 0.5)
-    return x
-
-
-_VGG16 = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
-_VGG19 = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
 
 
 def _squeezenet(b: _Builder, x: str):
@@ -620,6 +533,7 @@ _BUILDERS = {
     "mobilenet_v1_025": lambda b, x: _mobilenet_v1_width(b, x, 0.25),
     "mobilenet_v2_140": lambda b, x: _mobilenet_v2_width(b, x, 1.4),
     "yolov3_voc": lambda b, x: _yolov3(b, x, 20),
+    "inception_v3": _inception_v3,
 }
 
 

@@ -56,6 +56,9 @@ TOPOLOGIES = (
     Topology("mobilenet_v2_1_0_224_tf", "zoo:mobilenet_v2", "mobilenet_v2", "MobileNet v2 1.0, 602 M"),
     Topology("mobilenet_v2_1_4_224_tf", "zoo:mobilenet_v2_140", "mobilenet_v2", "MobileNet v2 1.4, 1.16 G"),
     Topology("Inception_v1_tf", "zoo:inception_v1", "inception", "TF-slim Inception v1 = torchvision GoogLeNet, 3 G"),
+    Topology("Inception_v3_tf", "zoo:inception_v3", "inception_v3", "Inception v3 at 299, 11.45 G (ours 11.43)"),
+    Topology("Inception_v3_tf2", "zoo:inception_v3", "inception_v3", "Inception v3 at 299, 11.5 G"),
+    Topology("Inception_v3_pt", "zoo:inception_v3", "inception_v3", "torchvision Inception v3 at 299, 11.4 G"),
     Topology("SqueezeNet_pt", "zoo:squeezenet", "squeezenet", "torchvision SqueezeNet 1.1 (351.7 M MACs)"),
     Topology("vgg_16_tf", "zoo:vgg16", "vgg", "VGG-16, 30.96 G"),
     Topology("vgg_19_tf", "zoo:vgg19", "vgg", "VGG-19, 39.28 G"),
@@ -68,13 +71,14 @@ TOPOLOGIES = (
 UNMATCHED = {
     "resnet50_pruned_0_*_pt, resnet_v1_50_pruned_*_tf, ofa_*": "pruned or searched widths not published per layer",
     "resnet_v2_*_tf": "pre-activation units: a BN + ReLU before each conv does not fold; not built",
-    "Inception_v3 / v4 / resnet_v2, inception_v2": "not built yet (published, long)",
+    "Inception_v4, Inception_resnet_v2, inception_v2": "not built yet (published, long)",
+    "inception_v3_pruned_*": "pruned widths not published per layer",
     "personreid-res18_pt": "1.1 G at 176x80 is not ResNet-18's 1.02 G: a modified network",
     "efficientnet*, mobilenet_edge*, mobilenet_v3*": "squeeze-excite / swish variants not built",
 }
 
 # The training families (the rest are held out): ResNet-50 in its four framework variants and MobileNet v1 at its
-# widths and input sizes, 24 of the 66 (model, board) points, so the fit sees large and small models, compute-, DDR-
+# widths and input sizes, 24 of the 75 (model, board) points, so the fit sees large and small models, compute-, DDR-
 # and host-bound points and three input sizes.
 TRAIN_FAMILIES = ("resnet50", "mobilenet_v1")
 

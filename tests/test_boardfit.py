@@ -13,7 +13,7 @@ def test_table_rows_and_topologies():
     table = bf.load_table()
     assert len(table) == 384 and {m.board for m in table} == {"zcu102", "zcu104", "kv260"}
     pts = bf.points(table)
-    assert len(pts) == 3 * len(bf.TOPOLOGIES) == 66                # every faithful row on all three boards
+    assert len(pts) == 3 * len(bf.TOPOLOGIES) == 75                # every faithful row on all three boards
     train = [p for p in pts if p.topo.family in bf.TRAIN_FAMILIES]
     assert len(pts) - len(train) >= 40 and len(train) <= len(pts) // 2   # at least half, and 40 points, held out
     # each row's GOPs (the last field of its standard name) against our topology's count, within 3 % (SqueezeNet's

@@ -30,7 +30,7 @@ from opendpu.quant import zoo  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "program_fingerprints.json")
 SIZE = 32                                                   # the smallest input every zoo topology takes
-MODELS = [("digits", None)] + [(n, SIZE) for n in zoo.NAMES]
+MODELS = [("digits", None)] + [(n, 96 if n == "inception_v3" else SIZE) for n in zoo.NAMES]   # v3 needs >= 75
 MATRIX = [(m, s, k) for m, s in MODELS for k in PRESET_KEYS]
 _CHEAP = [(m, s) for m, s in MODELS if m not in ("yolov2", "yolov3", "yolov3_voc")]   # 20-40 s to quantize each
 FAST = [(m, s, PRESET_KEYS[i % len(PRESET_KEYS)]) for i, (m, s) in enumerate(_CHEAP)]

@@ -59,7 +59,9 @@ def test_default_size_valid_and_matches_published(name):
 @pytest.mark.parametrize("name", zoo.NAMES)
 def test_small_sizes_run_in_onnxruntime(name):
     # yolov2 at one size: its 67 M weights make each onnxruntime session a few seconds
-    for size in ((64,) if name == "yolov2" else (64, 96) if "yolo" in name else (32, 64)):
+    # inception_v3's stem and grid reductions need 75 pixels (torchvision's minimum)
+    for size in ((64,) if name == "yolov2" else (64, 96) if "yolo" in name else (96,) if name == "inception_v3"
+                 else (32, 64)):
         m = zoo.build(name, size)
         onnx.checker.check_model(m)
         x = np.random.default_rng(size).standard_normal((1, 3, size, size)).astype(np.float32)
@@ -74,7 +76,7 @@ def test_small_sizes_run_in_onnxruntime(name):
 
 
 def test_structure():
-    m = {n: zoo.build(n, 64) for n in zoo.NAMES}
+    m = {n: zoo.build(n, 96 if n == "inception_v3" else 64) for n in zoo.NAMES}
     for n in zoo.NAMES:
         ops = _ops(m[n])
         inits = {t.name for t in m[n].graph.initializer}
@@ -119,6 +121,13 @@ def test_structure():
     assert [_ops(m[n]).count("Add") for n in ("resnet50_tf", "resnet101_tf", "resnet152_tf")] == [16, 33, 50]
     for n, convs in (("vgg16", 13), ("vgg19", 16)):
         assert _ops(m[n]).count("Conv") == convs and _ops(m[n]).count("Gemm") == 3 and _ops(m[n]).count("MaxPool") == 5
+    # Inception v3: 3 InceptionA, 4 InceptionC with 1x7 / 7x1 factorized convs, 2 InceptionE with split 1x3 / 3x1
+    v3 = m["inception_v3"].graph
+    kshapes = [tuple(helper.get_attribute_value(a)) for nd in v3.node if nd.op_type == "Conv" for a in nd.attribute
+               if a.name == "kernel_shape"]
+    assert (kshapes.count((1, 7)), kshapes.count((7, 1)), kshapes.count((1, 3)), kshapes.count((3, 1))) == \
+        (4 * 3 + 1, 4 * 3 + 1, 4, 4)
+    assert _ops(m["inception_v3"]).count("AveragePool") == 9 and _ops(m["inception_v3"]).count("Conv") == 94
     # width multipliers: MobileNet v1 0.25 starts at 8 channels, v2 1.4 at 48 and ends at 1792
     first = {n: next(t for t in m[n].graph.initializer if t.name == "features.0.conv.weight").dims[0]
              for n in ("mobilenet_v1_025", "mobilenet_v1_050", "mobilenet_v2_140")}
