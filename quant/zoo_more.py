@@ -1,16 +1,13 @@
 """The zoo's topologies of the Vitis AI 2.5 Model Zoo's fps tables (issue 33, runtime/boardfit.py): TF-slim ResNet v1,
-VGG, MobileNet v1 / v2 at other widths, Inception v3. Builders over quant/zoo.py's _Builder, registered there."""
+VGG, MobileNet v1 / v2 at other widths, Inception v3. Builders over quant/zoo.py's _Builder (`b`; not imported here:
+zoo.py imports this module), registered there."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .zoo import _Builder
 
 
-def _mobilenet_v1_width(b: _Builder, x: str, alpha: float):
+def _mobilenet_v1_width(b, x: str, alpha: float):
     """MobileNet v1 at width multiplier alpha (Howard et al. 2017 §3.3; TF-slim's depth(d) = max(int(d * alpha), 8))."""
     d = lambda c: max(int(c * alpha), 8)  # noqa: E731
     x = b.conv_bn(x, 3, d(32), 3, "features.0", stride=2, gain=1.0)
@@ -29,7 +26,7 @@ def _divisible(v: float, d: int = 8) -> int:
     return n + d if n < 0.9 * v else n
 
 
-def _mobilenet_v2_width(b: _Builder, x: str, alpha: float):
+def _mobilenet_v2_width(b, x: str, alpha: float):
     """MobileNet v2 at width multiplier alpha (Sandler et al. 2018; torchvision's rounding; the last 1x1 is 1280 *
     alpha when alpha > 1)."""
     c0 = _divisible(32 * alpha)
@@ -54,7 +51,7 @@ def _mobilenet_v2_width(b: _Builder, x: str, alpha: float):
     return b.head(x, last, dropout=0.2)
 
 
-def _resnet_tf(b: _Builder, x: str, layers: tuple[int, ...]) -> str:
+def _resnet_tf(b, x: str, layers: tuple[int, ...]) -> str:
     """TF-slim resnet_v1 (research/slim/nets/resnet_v1.py, the tf_resnetv1_* of Vitis AI's zoo): bottleneck units
     whose stride sits on the 3x3 of each block's *last* unit (blocks 1-3; block 4 keeps its resolution), that unit's
     shortcut a 1x1 subsample (a stride-2 pick, here a 1x1 max pool) where the depth does not change, else a strided
@@ -78,7 +75,7 @@ def _resnet_tf(b: _Builder, x: str, layers: tuple[int, ...]) -> str:
     return b.head(x, cin)
 
 
-def _vgg(b: _Builder, x: str, cfg: tuple) -> str:
+def _vgg(b, x: str, cfg: tuple) -> str:
     """torchvision VGG (Simonyan & Zisserman 2014, configurations D and E): 3x3 conv + bias + ReLU, 2x2 max pools,
     and the three fully connected layers (the 7x7 adaptive pool is the identity at 224; at other sizes the first FC
     takes the map as it is)."""
@@ -107,7 +104,7 @@ _VGG16 = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 51
 _VGG19 = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
 
 
-def _inception_v3(b: _Builder, x: str) -> str:
+def _inception_v3(b, x: str) -> str:
     """torchvision / TF-slim Inception v3 (Szegedy et al. 2015, arXiv:1512.00567; torchvision's inception.py without
     the auxiliary classifier): the 3x3 stem, three InceptionA (5x5 branch), InceptionB (grid reduction), four
     InceptionC with factorized 1x7 / 7x1 convs, InceptionD, two InceptionE with split 1x3 / 3x1 branches; 3x3 average
