@@ -278,37 +278,6 @@ def _resnet50_caffe(b: _Builder, x: str) -> str:
                   transB=1)
 
 
-def _mobilenet_v1(b: _Builder, x: str):
-    x = b.conv_bn(x, 3, 32, 3, "features.0", stride=2, gain=1.0)
-    cfg = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2)] + [(512, 1)] * 5 + [(1024, 2), (1024, 1)]
-    cin = 32
-    for i, (cout, s) in enumerate(cfg, 1):
-        x = b.conv_bn(x, cin, cin, 3, f"features.{i}.dw", stride=s, group=cin)
-        x = b.conv_bn(x, cin, cout, 1, f"features.{i}.pw")
-        cin = cout
-    return b.head(x, cin)
-
-
-def _mobilenet_v2(b: _Builder, x: str):
-    x = b.conv_bn(x, 3, 32, 3, "features.0", act="relu6", stride=2, gain=1.0)
-    settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
-                (6, 320, 1, 1)]
-    cin, i = 32, 1
-    for t, c, n, s in settings:
-        for j in range(n):
-            stride, p, hid = (s if j == 0 else 1), f"features.{i}", cin * t
-            res = stride == 1 and cin == c
-            y = x
-            if t != 1:
-                y = b.conv_bn(y, cin, hid, 1, p + ".expand", act="relu6", gain=1.0)
-            y = b.conv_bn(y, hid, hid, 3, p + ".dw", act="relu6", stride=stride, group=hid)
-            y = b.conv_bn(y, hid, c, 1, p + ".project", act=None, gamma=(0.2, 0.5) if res else (0.5, 1.5))
-            x = b.node("Add", [x, y], p + ".add") if res else y
-            cin, i = c, i + 1
-    x = b.conv_bn(x, cin, 1280, 1, f"features.{i}", act="relu6", gain=1.0)
-    return b.head(x, 1280, dropout=0.2)
-
-
 def _squeezenet(b: _Builder, x: str):
     def fire(x, cin, sq, e1, e3, p):
         s = b.relu(b.conv(x, cin, sq, 1, p + ".squeeze", bias=True), p + ".squeeze_activation")
@@ -515,8 +484,8 @@ _BUILDERS = {
     "resnet18": lambda b, x: _resnet(b, x, False, (2, 2, 2, 2)),
     "resnet50": lambda b, x: _resnet(b, x, True, (3, 4, 6, 3)),
     "resnet50_caffe": _resnet50_caffe,
-    "mobilenet_v1": _mobilenet_v1,
-    "mobilenet_v2": _mobilenet_v2,
+    "mobilenet_v1": lambda b, x: _mobilenet_v1_width(b, x, 1.0),     # width 1.0: the same graph and weights
+    "mobilenet_v2": lambda b, x: _mobilenet_v2_width(b, x, 1.0),
     "squeezenet": _squeezenet,
     "inception_v1": _inception_v1,
     "inception_v1_caffe": _inception_v1_caffe,
